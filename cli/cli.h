@@ -1,0 +1,25 @@
+// SPDX-License-Identifier: MIT
+// The `lockstep` command line: subcommands share the settings table (core/settings.c) and the
+// helpers here. Each subcommand returns the process exit status.
+#ifndef LKS_CLI_H
+#define LKS_CLI_H
+
+#include <stdint.h>
+
+#include "core/backend.h"
+#include "core/settings.h"
+#include "model/model.h"
+
+int lks_cmd_generate(lks_settings *s);
+int lks_cmd_inspect(lks_settings *s, const char *dir);
+int lks_cmd_bench(lks_settings *s);
+
+// The model directory: --model, else the default model this build ships with.
+const char *lks_cli_model_dir(const lks_settings *s);
+// Creates the backend and loads the model; prints the error and returns -1 on failure.
+int lks_cli_open(const lks_settings *s, lks_backend **be, lks_model **m);
+// Parses "11,42,7" into ids (allocated; caller frees), each checked against [0, vocab).
+int lks_cli_parse_ids(const char *text, int vocab, int32_t **ids, int *n);
+double lks_now(void);
+
+#endif

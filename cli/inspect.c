@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: MIT
+// `lockstep inspect DIR`: what a checkpoint is (architecture, sizes), what it costs per token
+// (parameters, bytes read per decoded token), and every problem with its files. Exit status 1
+// when there is any problem.
+#include <stdio.h>
+
+#include "cli/cli.h"
+#include "core/error.h"
+
+typedef struct {
+  int n;
+} problems;
+
+static void report(void *ctx, const char *msg) {
+  problems *p = ctx;
+  if (p->n++ == 0) printf("problems:\n");
+  printf("  - %s\n", msg);
+}
+
+static void human(double bytes, char *out, size_t n) {
+  const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    u++;
+  }
+  snprintf(out, n, "%.2f %s", bytes, unit[u]);
+}
+
+int lks_cmd_inspect(lks_settings *s, const char *dir) {
+  lks_backend *be = lks_backend_new("cpu", 1);
+  if (!be) {
+    fprintf(stderr, "lockstep inspect: %s\n", lks_last_error());
+    return 1;
+  }
+  (void)s;
+  problems p = {0};
+  printf("model: %s\n", dir);
+  lks_config c;
+  if (lks_config_load(dir, &c) == 0) {
+    printf("architecture: %s (glm4_moe)\n", c.architecture);
+    printf("  hidden %d, layers %d (+%d MTP), heads %d / kv heads %d / head_dim %d\n", c.hidden,
+           c.n_layers, c.n_mtp, c.n_heads, c.n_kv_heads, c.head_dim);
+    printf("  rope: %d of %d dims rotate (half-split), theta %g; qk-norm %s, attention bias %s\n",
+           c.rot_dims, c.head_dim, c.rope_theta, c.qk_norm ? "on" : "off", c.attn_bias ? "on" : "off");
+    printf("  ffn: %d dense layer(s) of %d; MoE %d routed experts of %d, top-%d, %d shared, scale %g, groups %d/%d, norm_topk %s\n",
+           c.first_dense, c.inter, c.n_experts, c.moe_inter, c.top_k, c.n_shared, c.routed_scaling,
+           c.topk_group, c.n_group, c.norm_topk_prob ? "on" : "off");
+    printf("  vocab %d, rms eps %g, eos", c.vocab, c.eps);
+    for (int i = 0; i < c.n_eos; i++) printf(" %d", c.eos[i]);
+    printf("\n");
+  }
+  lks_model *m = lks_model_load(dir, be, report, &p);
+  if (m) {
+    lks_model_stats st;
+    lks_model_stats_get(m, &st);
+    char b1[32], b2[32], b3[32], b4[32];
+    human((double)st.weight_bytes, b1, sizeof b1);
+    human((double)st.bytes_per_token, b2, sizeof b2);
+    human((double)st.bytes_mtp_step, b3, sizeof b3);
+    human((double)st.kv_bytes_per_pos, b4, sizeof b4);
+    printf("parameters: %.3f M total (%.3f M in the MTP layer), %.3f M active per token\n",
+           st.params_total / 1e6, st.params_mtp / 1e6, st.params_active / 1e6);
+    printf("weights: %s on disk as loaded\n", b1);
+    printf("bytes read per decoded token: %s of weights (+ %s of KV cache per context position)\n",
+           b2, b4);
+    if (st.bytes_mtp_step) printf("bytes read per MTP draft step: %s\n", b3);
+    printf("status: ok\n");
+  } else if (p.n == 0) {
+    report(&p, lks_last_error());
+  }
+  lks_model_free(m);
+  lks_backend_free(be);
+  return p.n ? 1 : 0;
+}

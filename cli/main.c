@@ -1,0 +1,129 @@
+// SPDX-License-Identifier: MIT
+// `lockstep`: the one executable. Parses the subcommand and the settings, then hands over.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "core/error.h"
+#include "core/log.h"
+
+#ifndef LKS_DEFAULT_MODEL
+#define LKS_DEFAULT_MODEL "models/default"
+#endif
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: lockstep COMMAND [options]\n\n"
+          "commands:\n"
+          "  generate [--model DIR] --prompt-ids 11,42,7 [-n 32]   greedy or sampled continuation\n"
+          "  inspect DIR                                        architecture, sizes, problems\n"
+          "  bench [--model DIR]                                prefill/decode speed vs bandwidth\n\n"
+          "options (also LKS_<NAME> in the environment):\n");
+  lks_settings_print_help(f);
+  fprintf(f, "\ndefault model: %s\n", LKS_DEFAULT_MODEL);
+}
+
+double lks_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+const char *lks_cli_model_dir(const lks_settings *s) {
+  const char *m = lks_settings_str(s, "model");
+  return m ? m : LKS_DEFAULT_MODEL;
+}
+
+int lks_cli_open(const lks_settings *s, lks_backend **be, lks_model **m) {
+  *be = lks_backend_new(lks_settings_str(s, "backend"), (int)lks_settings_int(s, "threads"));
+  if (!*be) {
+    fprintf(stderr, "lockstep: %s\n", lks_last_error());
+    return -1;
+  }
+  const char *dir = lks_cli_model_dir(s);
+  double t0 = lks_now();
+  *m = lks_model_load(dir, *be, NULL, NULL);
+  if (!*m) {
+    fprintf(stderr, "lockstep: cannot load model %s: %s\n", dir, lks_last_error());
+    lks_backend_free(*be);
+    *be = NULL;
+    return -1;
+  }
+  LKS_LOG(LKS_LOG_INFO, "loaded %s in %.2f s", dir, lks_now() - t0);
+  return 0;
+}
+
+int lks_cli_parse_ids(const char *text, int vocab, int32_t **ids, int *n) {
+  *n = 0;
+  *ids = NULL;
+  int cap = 1;
+  for (const char *p = text; *p; p++) cap += *p == ',';
+  int32_t *out = malloc((size_t)cap * sizeof *out);
+  if (!out) return lks_set_error(LKS_ENOMEM, "out of memory");
+  const char *p = text;
+  while (*p) {
+    char *end;
+    long v = strtol(p, &end, 10);
+    if (end == p || (*end && *end != ',')) {
+      free(out);
+      return lks_set_error(LKS_EINVAL, "--prompt-ids: '%s' is not a comma-separated list of integers", text);
+    }
+    if (v < 0 || v >= vocab) {
+      free(out);
+      return lks_set_error(LKS_ERANGE, "--prompt-ids: token id %ld outside the vocabulary [0, %d)", v, vocab);
+    }
+    out[(*n)++] = (int32_t)v;
+    p = *end ? end + 1 : end;
+  }
+  if (*n == 0) {
+    free(out);
+    return lks_set_error(LKS_EINVAL, "--prompt-ids is empty");
+  }
+  *ids = out;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const char *cmd = argv[1];
+  lks_settings *s = lks_settings_new();
+  if (!s) {
+    fprintf(stderr, "lockstep: %s\n", lks_last_error());
+    return 2;
+  }
+  const char *pos[4];
+  int n_pos = 0, rc = 2;
+  if (lks_settings_parse_args(s, argc - 2, argv + 2, pos, 4, &n_pos) < 0) {
+    fprintf(stderr, "lockstep %s: %s\n", cmd, lks_last_error());
+    goto done;
+  }
+  if (lks_settings_bool(s, "help")) {
+    usage(stdout);
+    rc = 0;
+    goto done;
+  }
+  int level = lks_log_parse_level(lks_settings_str(s, "log-level"));
+  if (level < 0) {
+    fprintf(stderr, "lockstep: --log-level must be error, warn, info or debug\n");
+    goto done;
+  }
+  lks_log_set_level((lks_log_level)level);
+  if (!strcmp(cmd, "generate") && n_pos == 0) {
+    rc = lks_cmd_generate(s);
+  } else if (!strcmp(cmd, "inspect") && n_pos <= 1) {
+    rc = lks_cmd_inspect(s, n_pos ? pos[0] : lks_cli_model_dir(s));
+  } else if (!strcmp(cmd, "bench") && n_pos == 0) {
+    rc = lks_cmd_bench(s);
+  } else {
+    fprintf(stderr, "lockstep: unknown command or extra arguments: %s\n\n", cmd);
+    usage(stderr);
+  }
+done:
+  lks_settings_free(s);
+  return rc;
+}

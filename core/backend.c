@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: MIT
+// Backend selection and the view helpers shared by all backends (see backend.h).
+#include "core/backend.h"
+
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+lks_backend *lks__backend_cpu_new(int threads);
+
+lks_tensor lks_tensor_rows(lks_tensor t, int64_t r0, int64_t n) {
+  assert(r0 >= 0 && r0 + n <= t.rows);
+  t.offset += (size_t)(r0 * t.ld) * lks_dtype_size(t.dtype);
+  t.rows = n;
+  return t;
+}
+
+lks_tensor lks_tensor_cols(lks_tensor t, int64_t c0, int64_t n) {
+  assert(c0 >= 0 && c0 + n <= t.cols);
+  t.offset += (size_t)c0 * lks_dtype_size(t.dtype);
+  t.cols = n;
+  return t;
+}
+
+lks_tensor lks_tensor_reshape(lks_tensor t, int64_t rows, int64_t cols) {
+  assert(t.ld == t.cols && rows * cols == t.rows * t.cols);
+  t.rows = rows;
+  t.cols = cols;
+  t.ld = cols;
+  return t;
+}
+
+lks_backend *lks_backend_new(const char *name, int threads) {
+  if (strcmp(name, "cpu") == 0) return lks__backend_cpu_new(threads);
+  lks_set_error(LKS_EUNSUPPORTED, "unknown backend '%s' (this build has: cpu)", name);
+  return NULL;
+}
+
+void lks_backend_free(lks_backend *be) {
+  if (be) be->ops->free(be);
+}
+
+int lks_tensor_to_host_f32(lks_backend *be, float *dst, lks_tensor t) {
+  size_t es = lks_dtype_size(t.dtype);
+  size_t row_bytes = (size_t)t.cols * es;
+  void *tmp = t.dtype == LKS_F32 ? NULL : malloc(row_bytes);
+  if (t.dtype != LKS_F32 && !tmp) return lks_set_error(LKS_ENOMEM, "out of memory");
+  for (int64_t r = 0; r < t.rows; r++) {
+    size_t off = t.offset + (size_t)(r * t.ld) * es;
+    void *d = t.dtype == LKS_F32 ? (void *)(dst + r * t.cols) : tmp;
+    int rc = be->ops->to_host(be, d, t.buf, off, row_bytes);
+    if (rc < 0) {
+      free(tmp);
+      return rc;
+    }
+    for (int64_t c = 0; tmp && c < t.cols; c++) {
+      const uint16_t *h = tmp;
+      dst[r * t.cols + c] = t.dtype == LKS_BF16 ? lks_bf16_to_f32(h[c]) : lks_f16_to_f32(h[c]);
+    }
+  }
+  free(tmp);
+  return 0;
+}

@@ -1,0 +1,131 @@
+// SPDX-License-Identifier: MIT
+// The compute backend interface (DESIGN.md section 9). A backend owns device memory (lks_buf,
+// opaque: the model code never dereferences it) and runs the ops of the GLM forward on views of
+// that memory (lks_tensor). Small control data — token ids, positions, KV slots, block tables,
+// expert routing — travels as host arrays in the op arguments; a device backend copies it in.
+// Results the host needs (routing, arg-max, logits for sampling) come back through explicit
+// copies (to_host) or host output arrays named as such.
+//
+// Implementations: `cpu` (always built; the reference the others are tested against) and, later,
+// `cuda`. All ops are called from one thread (the thread that created the backend); the CPU
+// backend parallelises internally over its thread pool. Every op returns 0 or a negative LKS_E*.
+#ifndef LKS_BACKEND_H
+#define LKS_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/dtype.h"
+
+typedef struct lks_buf lks_buf;
+typedef struct lks_backend lks_backend;
+
+// A 2-D row-major view into a buffer: element (r, c) is at byte
+// offset + (r * ld + c) * dtype_size. 1-D tensors have rows = 1. `ld` >= cols lets a view select
+// columns (a half of a concatenation, a column shard of a weight).
+typedef struct lks_tensor {
+  lks_buf *buf;
+  size_t offset;  // bytes
+  lks_dtype dtype;
+  int64_t rows, cols, ld;
+} lks_tensor;
+
+static inline lks_tensor lks_tensor_2d(lks_buf *buf, size_t offset, lks_dtype dt, int64_t rows,
+                                       int64_t cols) {
+  lks_tensor t = {buf, offset, dt, rows, cols, cols};
+  return t;
+}
+
+// Rows [r0, r0 + n) of t.
+lks_tensor lks_tensor_rows(lks_tensor t, int64_t r0, int64_t n);
+// Columns [c0, c0 + n) of t (a strided view).
+lks_tensor lks_tensor_cols(lks_tensor t, int64_t c0, int64_t n);
+// The same contiguous memory seen as [rows, cols] (rows * cols must match; t must be contiguous).
+lks_tensor lks_tensor_reshape(lks_tensor t, int64_t rows, int64_t cols);
+
+// One layer's paged KV cache: K and V pools of [n_blocks * block_size, n_kv_heads * head_dim] f32.
+typedef struct lks_kv_layer {
+  lks_buf *k, *v;
+  int n_blocks, block_size, n_kv_heads, head_dim;
+} lks_kv_layer;
+
+// Where each row of a forward batch sits: its sequence (an index into block_table), position and
+// KV slot (block * block_size + offset). Host arrays.
+typedef struct lks_attn_rows {
+  int n;
+  const int32_t *seq;          // [n]
+  const int32_t *pos;          // [n]
+  const int32_t *slot;         // [n]
+  const int32_t *block_table;  // [n_seqs, max_blocks]
+  int max_blocks;
+} lks_attn_rows;
+
+typedef enum { LKS_ROPE_HALF_SPLIT, LKS_ROPE_INTERLEAVED } lks_rope_layout;
+
+typedef struct lks_route_params {
+  int n_experts, top_k, n_group, topk_group;
+  bool norm_topk_prob;
+  float scaling;
+} lks_route_params;
+
+typedef struct lks_backend_ops {
+  const char *name;
+  void (*free)(lks_backend *be);
+
+  // Memory. buf_wrap_host makes a read-only buffer of host memory that outlives the buffer (the
+  // mmapped weights): the CPU backend wraps it without a copy, a device backend uploads it.
+  lks_buf *(*buf_alloc)(lks_backend *be, size_t bytes);
+  lks_buf *(*buf_wrap_host)(lks_backend *be, const void *host, size_t bytes);
+  void (*buf_free)(lks_backend *be, lks_buf *b);
+  int (*to_host)(lks_backend *be, void *dst, const lks_buf *src, size_t offset, size_t bytes);
+  int (*from_host)(lks_backend *be, lks_buf *dst, size_t offset, const void *src, size_t bytes);
+
+  // out[i] = table[ids[i]] as f32; out [n, H], table [V, H].
+  int (*embed)(lks_backend *be, lks_tensor out, lks_tensor table, const int32_t *ids);
+  // out = w * x / sqrt(mean(x^2) + eps) per row; out may be x.
+  int (*rmsnorm)(lks_backend *be, lks_tensor out, lks_tensor x, lks_tensor w, float eps);
+  // out (+)= x W^T + bias; x [n, K] f32, w [M, K] (F32/BF16/F16), bias [M] or buf NULL.
+  int (*matmul)(lks_backend *be, lks_tensor out, lks_tensor x, lks_tensor w, lks_tensor bias,
+                bool accumulate);
+  // Rotates the first rot_dims of every head_dim-sized head of x [n, heads * head_dim] in place.
+  int (*rope)(lks_backend *be, lks_tensor x, int head_dim, int rot_dims, float theta,
+              lks_rope_layout layout, const int32_t *pos);
+  // Writes k, v [n, n_kv_heads * head_dim] into the cache at rows->slot.
+  int (*kv_store)(lks_backend *be, const lks_kv_layer *kv, lks_tensor k, lks_tensor v,
+                  const lks_attn_rows *rows);
+  // Causal attention of q [n, n_heads * head_dim] over the cached positions 0..pos of each row's
+  // sequence; query head h reads KV head h / (n_heads / n_kv_heads). out like q.
+  int (*attention)(lks_backend *be, lks_tensor out, lks_tensor q, const lks_kv_layer *kv,
+                   const lks_attn_rows *rows, int n_heads, float scale);
+  // GLM router: logits [n, E] f32 -> top-k expert ids and weights per row (host arrays [n, k]),
+  // sigmoid scores, selection by score + bias (bias [E] f32), grouped top-k, normalisation,
+  // scaling (MODEL.md section 2).
+  int (*route)(lks_backend *be, lks_tensor logits, lks_tensor bias, const lks_route_params *p,
+               int32_t *ids, float *weights);
+  // SwiGLU expert on selected rows: for i < n_rows,
+  // out[rows[i]] += weights[i] * down(silu(gate x[rows[i]]) * up x[rows[i]]).
+  // rows NULL means rows 0..n_rows-1; weights NULL means 1.
+  int (*expert)(lks_backend *be, lks_tensor out, lks_tensor x, const int32_t *rows,
+                const float *weights, int n_rows, lks_tensor gate, lks_tensor up,
+                lks_tensor down);
+  // out[i] = x[rows[i]].
+  int (*gather_rows)(lks_backend *be, lks_tensor out, lks_tensor x, const int32_t *rows);
+  // Per row of x [n, V]: index of the maximum (ties: lowest index), into host idx[n], and the
+  // maximum into host val[n] (val may be NULL).
+  int (*argmax)(lks_backend *be, lks_tensor x, int32_t *idx, float *val);
+} lks_backend_ops;
+
+struct lks_backend {
+  const lks_backend_ops *ops;
+};
+
+// Creates a backend by name ("cpu"). threads: CPU worker threads (0: one per core).
+// NULL on failure with lks_last_error() saying why.
+lks_backend *lks_backend_new(const char *name, int threads);
+void lks_backend_free(lks_backend *be);
+
+// Reads a whole tensor view to host memory as f32 (any dtype), row by row.
+int lks_tensor_to_host_f32(lks_backend *be, float *dst, lks_tensor t);
+
+#endif

@@ -1,0 +1,50 @@
+// SPDX-License-Identifier: MIT
+// Element type table and F16 conversion (see dtype.h).
+#include "core/dtype.h"
+
+static const struct {
+  const char *name;
+  size_t size;
+} table[LKS_N_DTYPES] = {
+    [LKS_F32] = {"F32", 4}, [LKS_F16] = {"F16", 2}, [LKS_BF16] = {"BF16", 2},
+    [LKS_I32] = {"I32", 4}, [LKS_I64] = {"I64", 8}, [LKS_U8] = {"U8", 1},
+};
+
+size_t lks_dtype_size(lks_dtype t) { return t < LKS_N_DTYPES ? table[t].size : 0; }
+const char *lks_dtype_name(lks_dtype t) { return t < LKS_N_DTYPES ? table[t].name : "?"; }
+
+int lks_dtype_parse(const char *name, lks_dtype *t) {
+  for (int i = 0; i < LKS_N_DTYPES; i++)
+    if (strcmp(name, table[i].name) == 0) {
+      *t = (lks_dtype)i;
+      return 0;
+    }
+  return -1;
+}
+
+float lks_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h >> 15) << 31;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t man = h & 0x3ff;
+  uint32_t u;
+  if (exp == 0) {
+    if (man == 0) {
+      u = sign;
+    } else {  // subnormal: renormalise
+      exp = 127 - 15 + 1;
+      while (!(man & 0x400)) {
+        man <<= 1;
+        exp--;
+      }
+      man &= 0x3ff;
+      u = sign | (exp << 23) | (man << 13);
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | (man << 13);
+  } else {
+    u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  }
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}

@@ -1,0 +1,37 @@
+// SPDX-License-Identifier: MIT
+// Element types of tensors on disk and in buffers, with the scalar conversions every backend
+// and the loader share. BF16 is the top half of an IEEE f32; F16 is IEEE half.
+#ifndef LKS_DTYPE_H
+#define LKS_DTYPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef enum { LKS_F32, LKS_F16, LKS_BF16, LKS_I32, LKS_I64, LKS_U8, LKS_N_DTYPES } lks_dtype;
+
+size_t lks_dtype_size(lks_dtype t);
+// Safetensors spelling ("F32", "BF16", ...).
+const char *lks_dtype_name(lks_dtype t);
+// Returns 0 and sets *t, or -1 for an unknown name.
+int lks_dtype_parse(const char *name, lks_dtype *t);
+
+static inline float lks_bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+// Round to nearest even; NaN stays NaN.
+static inline uint16_t lks_f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+float lks_f16_to_f32(uint16_t h);
+
+#endif

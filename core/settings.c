@@ -1,0 +1,216 @@
+// SPDX-License-Identifier: MIT
+// The one table of lockstep's settings, and its parser (see settings.h).
+#include "core/settings.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/log.h"
+
+static const lks_setting_def defs[] = {
+    {"model", 0, LKS_SET_STR, 0, 0, NULL, false,
+     "model directory (Hugging Face layout); default: the model built with lockstep"},
+    {"threads", 't', LKS_SET_INT, 0, 1024, "0", false,
+     "CPU threads for the forward (0: one per online core)"},
+    {"backend", 0, LKS_SET_STR, 0, 0, "cpu", false, "compute backend: cpu"},
+    {"log-level", 0, LKS_SET_STR, 0, 0, "info", true, "error, warn, info or debug"},
+    {"max-seq-len", 0, LKS_SET_INT, 16, 1 << 24, "4096", false,
+     "longest sequence (prompt + generated) the KV cache holds"},
+    {"kv-block", 0, LKS_SET_INT, 1, 1024, "16", false, "tokens per KV cache block"},
+    {"prompt-ids", 0, LKS_SET_STR, 0, 0, NULL, false, "prompt as comma-separated token ids"},
+    {"n", 'n', LKS_SET_INT, 0, 1 << 24, "32", false, "tokens to generate"},
+    {"temperature", 0, LKS_SET_FLOAT, 0, 100, "0", true, "sampling temperature (0: greedy)"},
+    {"top-k", 0, LKS_SET_INT, 0, 1 << 24, "0", true, "keep the k most likely tokens (0: all)"},
+    {"top-p", 0, LKS_SET_FLOAT, 0, 1, "1", true, "nucleus sampling mass (1: all)"},
+    {"seed", 0, LKS_SET_INT, 0, 4294967295.0, "0", false, "sampling seed"},
+    {"ignore-eos", 0, LKS_SET_BOOL, 0, 0, "false", false, "do not stop at the model's eos ids"},
+    {"prefill-len", 0, LKS_SET_INT, 1, 1 << 20, "128", false, "bench: prompt tokens to prefill"},
+    {"decode-len", 0, LKS_SET_INT, 1, 1 << 20, "64", false, "bench: tokens to decode"},
+    {"repeats", 0, LKS_SET_INT, 1, 1000, "3", false, "bench: repetitions (medians reported)"},
+    {"help", 'h', LKS_SET_BOOL, 0, 0, "false", false, "print this help"},
+};
+enum { N_DEFS = sizeof defs / sizeof defs[0] };
+
+typedef struct {
+  char *text;  // NULL when unset
+  long i;
+  double f;
+  bool b;
+  const char *source;
+} value;
+
+struct lks_settings {
+  value v[N_DEFS];
+};
+
+static int find(const char *name) {
+  for (int i = 0; i < N_DEFS; i++)
+    if (strcmp(defs[i].name, name) == 0) return i;
+  return -1;
+}
+
+static int parse_value(const lks_setting_def *d, const char *text, value *out, const char *source) {
+  char *end = NULL;
+  errno = 0;
+  switch (d->type) {
+    case LKS_SET_INT: {
+      long long x = strtoll(text, &end, 10);
+      if (errno || end == text || *end)
+        return lks_set_error(LKS_EINVAL, "%s: --%s expects an integer, got '%s'", source, d->name,
+                             text);
+      if ((double)x < d->min || (double)x > d->max)
+        return lks_set_error(LKS_ERANGE, "%s: --%s = %lld is outside [%.0f, %.0f]", source,
+                             d->name, x, d->min, d->max);
+      out->i = (long)x;
+      break;
+    }
+    case LKS_SET_FLOAT: {
+      double x = strtod(text, &end);
+      if (errno || end == text || *end || !isfinite(x))
+        return lks_set_error(LKS_EINVAL, "%s: --%s expects a number, got '%s'", source, d->name,
+                             text);
+      if (x < d->min || x > d->max)
+        return lks_set_error(LKS_ERANGE, "%s: --%s = %g is outside [%g, %g]", source, d->name, x,
+                             d->min, d->max);
+      out->f = x;
+      break;
+    }
+    case LKS_SET_BOOL:
+      if (!strcmp(text, "1") || !strcmp(text, "true") || !strcmp(text, "yes") ||
+          !strcmp(text, "on"))
+        out->b = true;
+      else if (!strcmp(text, "0") || !strcmp(text, "false") || !strcmp(text, "no") ||
+               !strcmp(text, "off"))
+        out->b = false;
+      else
+        return lks_set_error(LKS_EINVAL, "%s: --%s expects true or false, got '%s'", source,
+                             d->name, text);
+      break;
+    case LKS_SET_STR:
+      break;
+  }
+  char *copy = strdup(text);
+  if (!copy) return lks_set_error(LKS_ENOMEM, "out of memory");
+  free(out->text);
+  out->text = copy;
+  out->source = source;
+  return 0;
+}
+
+int lks_settings_set(lks_settings *s, const char *name, const char *text, const char *source) {
+  int i = find(name);
+  if (i < 0) return lks_set_error(LKS_EINVAL, "%s: unknown option --%s", source, name);
+  return parse_value(&defs[i], text, &s->v[i], source);
+}
+
+lks_settings *lks_settings_new(void) {
+  lks_settings *s = calloc(1, sizeof *s);
+  if (!s) return NULL;
+  for (int i = 0; i < N_DEFS; i++) {
+    if (defs[i].def && parse_value(&defs[i], defs[i].def, &s->v[i], "default") < 0) goto fail;
+    char env[96] = "LKS_";
+    size_t k = 4;
+    for (const char *p = defs[i].name; *p && k < sizeof env - 1; p++)
+      env[k++] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+    env[k] = '\0';
+    const char *e = getenv(env);
+    if (e && parse_value(&defs[i], e, &s->v[i], "environment") < 0) goto fail;
+  }
+  return s;
+fail:
+  lks_settings_free(s);
+  return NULL;
+}
+
+void lks_settings_free(lks_settings *s) {
+  if (!s) return;
+  for (int i = 0; i < N_DEFS; i++) free(s->v[i].text);
+  free(s);
+}
+
+int lks_settings_parse_args(lks_settings *s, int argc, char **argv, const char **pos, int max_pos,
+                            int *n_pos) {
+  *n_pos = 0;
+  for (int a = 0; a < argc; a++) {
+    const char *arg = argv[a];
+    int i = -1;
+    char name[96];
+    const char *inline_val = NULL;
+    if (arg[0] == '-' && arg[1] == '-' && arg[2]) {
+      const char *eq = strchr(arg + 2, '=');
+      size_t len = eq ? (size_t)(eq - arg - 2) : strlen(arg + 2);
+      if (len >= sizeof name) len = sizeof name - 1;
+      memcpy(name, arg + 2, len);
+      name[len] = '\0';
+      if (eq) inline_val = eq + 1;
+      i = find(name);
+    } else if (arg[0] == '-' && arg[1] && !arg[2] && !isdigit((unsigned char)arg[1])) {
+      for (int k = 0; k < N_DEFS; k++)
+        if (defs[k].short_name == arg[1]) i = k;
+      snprintf(name, sizeof name, "%s", arg + 1);
+    } else {
+      if (*n_pos >= max_pos)
+        return lks_set_error(LKS_EINVAL, "unexpected argument '%s'", arg);
+      pos[(*n_pos)++] = arg;
+      continue;
+    }
+    if (i < 0) return lks_set_error(LKS_EINVAL, "unknown option '%s' (see --help)", arg);
+    const char *val = inline_val;
+    if (!val && defs[i].type == LKS_SET_BOOL) val = "true";
+    if (!val) {
+      if (a + 1 >= argc)
+        return lks_set_error(LKS_EINVAL, "option --%s needs a value", defs[i].name);
+      val = argv[++a];
+    }
+    LKS_TRY(parse_value(&defs[i], val, &s->v[i], "command line"));
+  }
+  return 0;
+}
+
+static const value *get(const lks_settings *s, const char *name, lks_setting_type type) {
+  int i = find(name);
+  // A name missing from the table is a bug in lockstep itself, not bad input.
+  if (i < 0 || defs[i].type != type) {
+    fprintf(stderr, "lockstep: internal error: setting '%s' not declared as used\n", name);
+    abort();
+  }
+  return &s->v[i];
+}
+
+long lks_settings_int(const lks_settings *s, const char *n) { return get(s, n, LKS_SET_INT)->i; }
+double lks_settings_float(const lks_settings *s, const char *n) {
+  return get(s, n, LKS_SET_FLOAT)->f;
+}
+bool lks_settings_bool(const lks_settings *s, const char *n) { return get(s, n, LKS_SET_BOOL)->b; }
+const char *lks_settings_str(const lks_settings *s, const char *n) {
+  return get(s, n, LKS_SET_STR)->text;
+}
+const char *lks_settings_source(const lks_settings *s, const char *name) {
+  int i = find(name);
+  return i < 0 || !s->v[i].source ? "unset" : s->v[i].source;
+}
+
+void lks_settings_print_help(FILE *f) {
+  for (int i = 0; i < N_DEFS; i++) {
+    const lks_setting_def *d = &defs[i];
+    char opt[64];
+    if (d->short_name)
+      snprintf(opt, sizeof opt, "-%c, --%s", d->short_name, d->name);
+    else
+      snprintf(opt, sizeof opt, "    --%s", d->name);
+    fprintf(f, "  %-24s %s%s%s%s\n", opt, d->help, d->def ? " [" : "", d->def ? d->def : "",
+            d->def ? "]" : "");
+  }
+}
+
+void lks_settings_log(const lks_settings *s) {
+  for (int i = 0; i < N_DEFS; i++) {
+    if (!strcmp(defs[i].name, "help")) continue;
+    LKS_LOG(LKS_LOG_INFO, "setting %-12s = %-10s (%s)", defs[i].name,
+            s->v[i].text ? s->v[i].text : "(unset)", s->v[i].source ? s->v[i].source : "default");
+  }
+}

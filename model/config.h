@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: MIT
+// The model configuration read from a checkpoint's config.json (MODEL.md section 2). Only
+// `glm4_moe` (Glm4MoeForCausalLM) is accepted; every size is read from the file, none assumed.
+// Fields that Hugging Face's Glm4MoeConfig gives a default are taken with that default and a log
+// line; the sizes that define the model are required, and a missing or ill-typed one is refused
+// with a message naming it.
+#ifndef LKS_CONFIG_H
+#define LKS_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define LKS_MAX_EOS 8
+
+typedef struct lks_config {
+  char architecture[64];
+  int hidden;            // hidden_size
+  int n_layers;          // num_hidden_layers (the MTP layers are not counted)
+  int n_heads, n_kv_heads, head_dim;
+  float partial_rotary;  // partial_rotary_factor
+  int rot_dims;          // head_dim * partial_rotary_factor
+  float rope_theta;
+  bool qk_norm, attn_bias;
+  int first_dense;       // first_k_dense_replace
+  int n_experts, n_shared, top_k;
+  int moe_inter, inter;  // moe_intermediate_size, intermediate_size
+  float routed_scaling;
+  int n_group, topk_group;
+  bool norm_topk_prob;
+  float eps;
+  int vocab;
+  int n_mtp;             // num_nextn_predict_layers
+  bool tie_embeddings;
+  int max_pos;           // max_position_embeddings
+  int n_eos;
+  int32_t eos[LKS_MAX_EOS];
+} lks_config;
+
+// Reads DIR/config.json (and the eos ids of DIR/generation_config.json when present).
+// Returns 0 or a negative code with lks_last_error() naming the field.
+int lks_config_load(const char *dir, lks_config *cfg);
+// Parses config.json text; `what` names it in messages.
+int lks_config_parse(const char *json_text, const char *what, lks_config *cfg);
+// Checks the relations between fields (heads divisible by KV heads, top-k <= experts, ...).
+int lks_config_validate(const lks_config *cfg, const char *what);
+
+#endif

@@ -1,0 +1,129 @@
+// SPDX-License-Identifier: MIT
+// Paged KV cache (see kv_cache.h).
+#include "model/kv_cache.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+struct lks_kv_cache {
+  lks_backend *be;
+  int n_layers, block_size, n_blocks, max_seqs, max_blocks;
+  lks_kv_layer *layers;
+  int32_t *block_table;  // [max_seqs, max_blocks]
+  int *seq_len;          // [max_seqs], -1 when the slot is free
+  int *seq_blocks;       // [max_seqs] blocks held
+  int32_t *free_list;    // stack of free block ids
+  int n_free;
+  size_t bytes;
+};
+
+lks_kv_cache *lks_kv_new(lks_backend *be, int n_layers, int n_kv_heads, int head_dim,
+                         int block_size, int n_blocks, int max_seqs, int max_seq_len) {
+  lks_kv_cache *kv = calloc(1, sizeof *kv);
+  if (!kv) return NULL;
+  kv->be = be;
+  kv->n_layers = n_layers;
+  kv->block_size = block_size;
+  kv->n_blocks = n_blocks;
+  kv->max_seqs = max_seqs;
+  kv->max_blocks = (max_seq_len + block_size - 1) / block_size;
+  kv->layers = calloc((size_t)n_layers, sizeof *kv->layers);
+  kv->block_table = calloc((size_t)max_seqs * (size_t)kv->max_blocks, sizeof(int32_t));
+  kv->seq_len = malloc((size_t)max_seqs * sizeof(int));
+  kv->seq_blocks = calloc((size_t)max_seqs, sizeof(int));
+  kv->free_list = malloc((size_t)n_blocks * sizeof(int32_t));
+  if (!kv->layers || !kv->block_table || !kv->seq_len || !kv->seq_blocks || !kv->free_list)
+    goto fail;
+  for (int s = 0; s < max_seqs; s++) kv->seq_len[s] = -1;
+  for (int b = 0; b < n_blocks; b++) kv->free_list[b] = n_blocks - 1 - b;  // block 0 on top
+  kv->n_free = n_blocks;
+  size_t pool = (size_t)n_blocks * block_size * n_kv_heads * head_dim * sizeof(float);
+  for (int l = 0; l < n_layers; l++) {
+    lks_kv_layer *L = &kv->layers[l];
+    *L = (lks_kv_layer){.n_blocks = n_blocks, .block_size = block_size,
+                        .n_kv_heads = n_kv_heads, .head_dim = head_dim};
+    L->k = be->ops->buf_alloc(be, pool);
+    L->v = be->ops->buf_alloc(be, pool);
+    if (!L->k || !L->v) {
+      lks_set_error(LKS_ENOMEM, "KV cache: cannot allocate %zu bytes for layer %d", 2 * pool, l);
+      goto fail;
+    }
+    kv->bytes += 2 * pool;
+  }
+  return kv;
+fail:
+  lks_kv_free(kv);
+  return NULL;
+}
+
+void lks_kv_free(lks_kv_cache *kv) {
+  if (!kv) return;
+  for (int l = 0; kv->layers && l < kv->n_layers; l++) {
+    kv->be->ops->buf_free(kv->be, kv->layers[l].k);
+    kv->be->ops->buf_free(kv->be, kv->layers[l].v);
+  }
+  free(kv->layers);
+  free(kv->block_table);
+  free(kv->seq_len);
+  free(kv->seq_blocks);
+  free(kv->free_list);
+  free(kv);
+}
+
+int lks_kv_seq_alloc(lks_kv_cache *kv) {
+  for (int s = 0; s < kv->max_seqs; s++)
+    if (kv->seq_len[s] < 0) {
+      kv->seq_len[s] = 0;
+      kv->seq_blocks[s] = 0;
+      return s;
+    }
+  return lks_set_error(LKS_EFULL, "KV cache: all %d sequence slots are in use", kv->max_seqs);
+}
+
+void lks_kv_seq_free(lks_kv_cache *kv, int seq) {
+  if (seq < 0 || seq >= kv->max_seqs || kv->seq_len[seq] < 0) return;
+  lks_kv_seq_resize(kv, seq, 0);
+  kv->seq_len[seq] = -1;
+}
+
+int lks_kv_seq_len(const lks_kv_cache *kv, int seq) { return kv->seq_len[seq]; }
+
+int lks_kv_seq_resize(lks_kv_cache *kv, int seq, int len) {
+  if (seq < 0 || seq >= kv->max_seqs || kv->seq_len[seq] < 0)
+    return lks_set_error(LKS_EINVAL, "KV cache: sequence %d is not allocated", seq);
+  int need = (len + kv->block_size - 1) / kv->block_size;
+  if (need > kv->max_blocks)
+    return lks_set_error(LKS_EFULL, "KV cache: %d positions exceed the longest sequence (%d)", len,
+                         kv->max_blocks * kv->block_size);
+  int32_t *bt = kv->block_table + (size_t)seq * kv->max_blocks;
+  if (need - kv->seq_blocks[seq] > kv->n_free)
+    return lks_set_error(LKS_EFULL, "KV cache: %d more blocks needed, %d free",
+                         need - kv->seq_blocks[seq], kv->n_free);
+  while (kv->seq_blocks[seq] < need) bt[kv->seq_blocks[seq]++] = kv->free_list[--kv->n_free];
+  while (kv->seq_blocks[seq] > need) kv->free_list[kv->n_free++] = bt[--kv->seq_blocks[seq]];
+  kv->seq_len[seq] = len;
+  return 0;
+}
+
+int lks_kv_rows(const lks_kv_cache *kv, lks_attn_rows *rows, int32_t *slot_out) {
+  for (int i = 0; i < rows->n; i++) {
+    int s = rows->seq[i], p = rows->pos[i];
+    if (s < 0 || s >= kv->max_seqs || kv->seq_len[s] < 0 || p < 0 || p >= kv->seq_len[s])
+      return lks_set_error(LKS_ERANGE, "KV cache: row %d (sequence %d, position %d) is not reserved",
+                           i, s, p);
+    slot_out[i] = kv->block_table[(size_t)s * kv->max_blocks + p / kv->block_size] *
+                      kv->block_size + p % kv->block_size;
+  }
+  rows->slot = slot_out;
+  rows->block_table = kv->block_table;
+  rows->max_blocks = kv->max_blocks;
+  return 0;
+}
+
+const lks_kv_layer *lks_kv_layer_at(const lks_kv_cache *kv, int layer) {
+  return &kv->layers[layer];
+}
+int lks_kv_free_blocks(const lks_kv_cache *kv) { return kv->n_free; }
+size_t lks_kv_bytes(const lks_kv_cache *kv) { return kv->bytes; }

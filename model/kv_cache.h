@@ -1,0 +1,35 @@
+// SPDX-License-Identifier: MIT
+// The paged KV cache: per layer, K and V pools of fixed-size blocks in backend memory, and per
+// sequence slot a block table on the host. Blocks are handed out from a LIFO free list, so the
+// same sequence of calls gives the same blocks on every rank (the lockstep rule of DESIGN.md
+// section 2). Rolling back a sequence (rejected speculative rows) only moves its length; blocks
+// past the new length return to the pool.
+#ifndef LKS_KV_CACHE_H
+#define LKS_KV_CACHE_H
+
+#include "core/backend.h"
+
+typedef struct lks_kv_cache lks_kv_cache;
+
+// n_blocks blocks of block_size positions, for at most max_seqs sequences of at most
+// max_seq_len positions each. NULL on failure.
+lks_kv_cache *lks_kv_new(lks_backend *be, int n_layers, int n_kv_heads, int head_dim,
+                         int block_size, int n_blocks, int max_seqs, int max_seq_len);
+void lks_kv_free(lks_kv_cache *kv);
+
+// A free sequence slot (>= 0), or LKS_EFULL.
+int lks_kv_seq_alloc(lks_kv_cache *kv);
+void lks_kv_seq_free(lks_kv_cache *kv, int seq);
+// Positions a sequence holds.
+int lks_kv_seq_len(const lks_kv_cache *kv, int seq);
+// Makes room for positions [0, len) of seq (allocating blocks), and sets its length to len.
+int lks_kv_seq_resize(lks_kv_cache *kv, int seq, int len);
+
+// Fills rows->slot for rows (seq, pos) whose positions are already reserved, and the rest of
+// rows (block table). slot_out must hold rows->n entries.
+int lks_kv_rows(const lks_kv_cache *kv, lks_attn_rows *rows, int32_t *slot_out);
+const lks_kv_layer *lks_kv_layer_at(const lks_kv_cache *kv, int layer);
+int lks_kv_free_blocks(const lks_kv_cache *kv);
+size_t lks_kv_bytes(const lks_kv_cache *kv);
+
+#endif

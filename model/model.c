@@ -1,0 +1,502 @@
+// SPDX-License-Identifier: MIT
+// GLM-4.x MoE forward and MTP step (see model.h; the math is MODEL.md sections 2 and 3).
+//
+// The residual stream x [n, H] lives in a model-owned buffer; each decoder layer reads
+// RMSNorm(x) into h and adds the attention output and the FFN output back into x. The MTP step
+// builds its own input u = eh_proj [enorm(embed(t)); hnorm(h)] into x and runs the same decoder
+// layer code on the MTP layer's weights and KV cache.
+#include "model/model.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "model/safetensors.h"
+
+typedef struct {
+  lks_tensor gate, up, down;
+} ffn_w;
+
+typedef struct {
+  lks_tensor ln1, ln2;
+  lks_tensor wq, wk, wv, bq, bk, bv, wo, q_norm, k_norm;
+  bool moe;
+  ffn_w dense;          // dense layers
+  lks_tensor router;    // [E, H]
+  lks_tensor e_bias;    // [E]
+  ffn_w *experts;       // [E]
+  ffn_w shared;         // shared experts, intermediate moe_inter * n_shared
+  // MTP layer only
+  lks_tensor enorm, hnorm, eh_proj, head_norm;
+} layer_w;
+
+// Activation buffers, grown to the largest batch seen.
+typedef struct {
+  int cap;  // rows
+  lks_buf *x, *h, *q, *k, *v, *att, *rl, *hid, *logits, *ucat, *carry, *mlogits;
+} acts;
+
+struct lks_model {
+  lks_config cfg;
+  lks_backend *be;
+  lks_safetensors *st;
+  lks_tensor embed, norm, lm_head;
+  layer_w *layers;  // [n_layers + n_mtp]
+  lks_buf **bufs;   // every wrapped weight buffer, to free
+  int n_bufs, cap_bufs;
+  int n_problems;
+  lks_problem_fn problem;
+  void *problem_ctx;
+  int64_t params_total, params_mtp, weight_bytes;
+  acts a;
+  // Host scratch for routing and expert dispatch.
+  int32_t *route_ids, *exp_rows, *exp_count;
+  float *route_w, *exp_w;
+  int route_cap;
+  int32_t *slots;
+};
+
+static void problem(lks_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void problem(lks_model *m, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (m->n_problems++ == 0) lks_set_error(LKS_EFORMAT, "%s", msg);
+  if (m->problem) m->problem(m->problem_ctx, msg);
+}
+
+// Binds tensor `name` of shape [rows, cols] (rows = 0: a 1-D tensor of cols) to a backend view.
+static lks_tensor bind(lks_model *m, bool mtp, const char *name, int64_t rows, int64_t cols,
+                       bool required) {
+  lks_tensor t = {0};
+  const lks_st_tensor *st = lks_safetensors_find(m->st, name);
+  if (!st) {
+    if (required) problem(m, "missing tensor '%s'", name);
+    return t;
+  }
+  int want_dims = rows ? 2 : 1;
+  bool shape_ok = st->n_dims == want_dims &&
+                  (rows ? st->shape[0] == rows && st->shape[1] == cols : st->shape[0] == cols);
+  if (!shape_ok) {
+    char got[128] = "", *p = got;
+    for (int d = 0; d < st->n_dims && p < got + 100; d++)
+      p += sprintf(p, "%s%lld", d ? ", " : "", (long long)st->shape[d]);
+    if (rows)
+      problem(m, "tensor '%s' has shape [%s], config.json implies [%lld, %lld]", name, got,
+              (long long)rows, (long long)cols);
+    else
+      problem(m, "tensor '%s' has shape [%s], config.json implies [%lld]", name, got,
+              (long long)cols);
+    return t;
+  }
+  if (st->dtype != LKS_F32 && st->dtype != LKS_BF16 && st->dtype != LKS_F16) {
+    problem(m, "tensor '%s' has dtype %s; weights must be F32, BF16 or F16", name,
+            lks_dtype_name(st->dtype));
+    return t;
+  }
+  if (m->n_problems) return t;  // still checking; nothing is bound after a problem
+  lks_buf *b = m->be->ops->buf_wrap_host(m->be, st->data, st->nbytes);
+  if (!b) {
+    problem(m, "tensor '%s': backend cannot map %zu bytes", name, st->nbytes);
+    return t;
+  }
+  if (m->n_bufs == m->cap_bufs) {
+    int cap = m->cap_bufs ? 2 * m->cap_bufs : 256;
+    lks_buf **nb = realloc(m->bufs, (size_t)cap * sizeof *nb);
+    if (!nb) {
+      m->be->ops->buf_free(m->be, b);
+      problem(m, "out of memory");
+      return t;
+    }
+    m->bufs = nb;
+    m->cap_bufs = cap;
+  }
+  m->bufs[m->n_bufs++] = b;
+  int64_t numel = rows ? rows * cols : cols;
+  m->params_total += numel;
+  if (mtp) m->params_mtp += numel;
+  m->weight_bytes += (int64_t)st->nbytes;
+  return lks_tensor_2d(b, 0, st->dtype, rows ? rows : 1, cols);
+}
+
+static void bind_ffn(lks_model *m, bool mtp, const char *prefix, int inter, ffn_w *f) {
+  char n[256];
+  int H = m->cfg.hidden;
+  snprintf(n, sizeof n, "%s.gate_proj.weight", prefix);
+  f->gate = bind(m, mtp, n, inter, H, true);
+  snprintf(n, sizeof n, "%s.up_proj.weight", prefix);
+  f->up = bind(m, mtp, n, inter, H, true);
+  snprintf(n, sizeof n, "%s.down_proj.weight", prefix);
+  f->down = bind(m, mtp, n, H, inter, true);
+}
+
+static int bind_layer(lks_model *m, int l) {
+  const lks_config *c = &m->cfg;
+  bool mtp = l >= c->n_layers;
+  layer_w *L = &m->layers[l];
+  int H = c->hidden, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+  char n[256];
+#define NAME(fmt) (snprintf(n, sizeof n, "model.layers.%d." fmt, l), n)
+  L->ln1 = bind(m, mtp, NAME("input_layernorm.weight"), 0, H, true);
+  L->ln2 = bind(m, mtp, NAME("post_attention_layernorm.weight"), 0, H, true);
+  L->wq = bind(m, mtp, NAME("self_attn.q_proj.weight"), qd, H, true);
+  L->wk = bind(m, mtp, NAME("self_attn.k_proj.weight"), kvd, H, true);
+  L->wv = bind(m, mtp, NAME("self_attn.v_proj.weight"), kvd, H, true);
+  L->wo = bind(m, mtp, NAME("self_attn.o_proj.weight"), H, qd, true);
+  if (c->attn_bias) {
+    L->bq = bind(m, mtp, NAME("self_attn.q_proj.bias"), 0, qd, true);
+    L->bk = bind(m, mtp, NAME("self_attn.k_proj.bias"), 0, kvd, true);
+    L->bv = bind(m, mtp, NAME("self_attn.v_proj.bias"), 0, kvd, true);
+  }
+  if (c->qk_norm) {
+    L->q_norm = bind(m, mtp, NAME("self_attn.q_norm.weight"), 0, c->head_dim, true);
+    L->k_norm = bind(m, mtp, NAME("self_attn.k_norm.weight"), 0, c->head_dim, true);
+  }
+  // The MTP layer is always an MoE layer (GLM's nextn layer follows the last, MoE, layer).
+  L->moe = mtp || l >= c->first_dense;
+  if (!L->moe) {
+    snprintf(n, sizeof n, "model.layers.%d.mlp", l);
+    bind_ffn(m, mtp, n, c->inter, &L->dense);
+  } else {
+    L->router = bind(m, mtp, NAME("mlp.gate.weight"), c->n_experts, H, true);
+    L->e_bias = bind(m, mtp, NAME("mlp.gate.e_score_correction_bias"), 0, c->n_experts, true);
+    L->experts = calloc((size_t)c->n_experts, sizeof *L->experts);
+    if (!L->experts) return lks_set_error(LKS_ENOMEM, "out of memory");
+    for (int e = 0; e < c->n_experts; e++) {
+      snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d", l, e);
+      bind_ffn(m, mtp, n, c->moe_inter, &L->experts[e]);
+    }
+    if (c->n_shared > 0) {
+      snprintf(n, sizeof n, "model.layers.%d.mlp.shared_experts", l);
+      bind_ffn(m, mtp, n, c->moe_inter * c->n_shared, &L->shared);
+    }
+  }
+  if (mtp) {
+    L->enorm = bind(m, mtp, NAME("enorm.weight"), 0, H, true);
+    L->hnorm = bind(m, mtp, NAME("hnorm.weight"), 0, H, true);
+    L->eh_proj = bind(m, mtp, NAME("eh_proj.weight"), H, 2 * H, true);
+    L->head_norm = bind(m, mtp, NAME("shared_head.norm.weight"), 0, H, true);
+  }
+#undef NAME
+  return 0;
+}
+
+lks_model *lks_model_load(const char *dir, lks_backend *be, lks_problem_fn fn, void *ctx) {
+  lks_model *m = calloc(1, sizeof *m);
+  if (!m) return NULL;
+  m->be = be;
+  m->problem = fn;
+  m->problem_ctx = ctx;
+  if (lks_config_load(dir, &m->cfg) < 0) {
+    if (fn) fn(ctx, lks_last_error());
+    goto fail;
+  }
+  m->st = lks_safetensors_open(dir);
+  if (!m->st) {
+    if (fn) fn(ctx, lks_last_error());
+    goto fail;
+  }
+  const lks_config *c = &m->cfg;
+  m->embed = bind(m, false, "model.embed_tokens.weight", c->vocab, c->hidden, true);
+  m->norm = bind(m, false, "model.norm.weight", 0, c->hidden, true);
+  m->lm_head = bind(m, false, "lm_head.weight", c->vocab, c->hidden, true);
+  int n_layers = c->n_layers + c->n_mtp;
+  m->layers = calloc((size_t)n_layers, sizeof *m->layers);
+  if (!m->layers) goto fail;
+  for (int l = 0; l < n_layers; l++)
+    if (bind_layer(m, l) < 0) goto fail;
+  if (m->n_problems) {
+    lks_set_error(LKS_EFORMAT, "%s: %d problem%s with the weights (first: %s)", dir, m->n_problems,
+                  m->n_problems > 1 ? "s" : "", lks_last_error());
+    goto fail;
+  }
+  return m;
+fail:
+  lks_model_free(m);
+  return NULL;
+}
+
+static void free_acts(lks_model *m) {
+  lks_buf **b[] = {&m->a.x,   &m->a.h,      &m->a.q,    &m->a.k,    &m->a.v,
+                   &m->a.att, &m->a.rl,     &m->a.hid,  &m->a.logits, &m->a.ucat,
+                   &m->a.carry, &m->a.mlogits};
+  for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
+    m->be->ops->buf_free(m->be, *b[i]);
+    *b[i] = NULL;
+  }
+  m->a.cap = 0;
+}
+
+void lks_model_free(lks_model *m) {
+  if (!m) return;
+  free_acts(m);
+  for (int i = 0; i < m->n_bufs; i++) m->be->ops->buf_free(m->be, m->bufs[i]);
+  free(m->bufs);
+  for (int l = 0; m->layers && l < m->cfg.n_layers + m->cfg.n_mtp; l++) free(m->layers[l].experts);
+  free(m->layers);
+  lks_safetensors_close(m->st);
+  free(m->route_ids);
+  free(m->route_w);
+  free(m->exp_rows);
+  free(m->exp_w);
+  free(m->exp_count);
+  free(m->slots);
+  free(m);
+}
+
+const lks_config *lks_model_config(const lks_model *m) { return &m->cfg; }
+bool lks_model_has_mtp(const lks_model *m) { return m->cfg.n_mtp > 0; }
+lks_backend *lks_model_backend(const lks_model *m) { return m->be; }
+
+lks_kv_cache *lks_model_kv_new(const lks_model *m, bool mtp, int block_size, int n_blocks,
+                               int max_seqs, int max_seq_len) {
+  return lks_kv_new(m->be, mtp ? m->cfg.n_mtp : m->cfg.n_layers, m->cfg.n_kv_heads,
+                    m->cfg.head_dim, block_size, n_blocks, max_seqs, max_seq_len);
+}
+
+// Makes the activation buffers hold n rows.
+static int reserve(lks_model *m, int n) {
+  if (n <= m->a.cap) return 0;
+  free_acts(m);
+  const lks_config *c = &m->cfg;
+  lks_backend *be = m->be;
+  size_t f = sizeof(float), H = (size_t)c->hidden, N = (size_t)n;
+  size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+  struct {
+    lks_buf **b;
+    size_t bytes;
+  } want[] = {
+      {&m->a.x, N * H * f},       {&m->a.h, N * H * f},       {&m->a.q, N * qd * f},
+      {&m->a.k, N * kvd * f},     {&m->a.v, N * kvd * f},     {&m->a.att, N * qd * f},
+      {&m->a.rl, N * (size_t)c->n_experts * f},               {&m->a.hid, N * H * f},
+      {&m->a.logits, N * (size_t)c->vocab * f},               {&m->a.ucat, N * 2 * H * f},
+      {&m->a.carry, N * H * f},   {&m->a.mlogits, N * (size_t)c->vocab * f},
+  };
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+    *want[i].b = be->ops->buf_alloc(be, want[i].bytes);
+    if (!*want[i].b) {
+      free_acts(m);
+      return lks_set_error(LKS_ENOMEM, "cannot allocate activations for %d rows", n);
+    }
+  }
+  size_t k = (size_t)n * (size_t)c->top_k;
+  int32_t *ids = realloc(m->route_ids, k * sizeof *ids);
+  if (ids) m->route_ids = ids;
+  float *w = realloc(m->route_w, k * sizeof *w);
+  if (w) m->route_w = w;
+  int32_t *rows = realloc(m->exp_rows, k * sizeof *rows);
+  if (rows) m->exp_rows = rows;
+  float *ew = realloc(m->exp_w, k * sizeof *ew);
+  if (ew) m->exp_w = ew;
+  int32_t *slots = realloc(m->slots, N * sizeof *slots);
+  if (slots) m->slots = slots;
+  if (!m->exp_count) m->exp_count = calloc((size_t)c->n_experts + 1, sizeof *m->exp_count);
+  if (!ids || !w || !rows || !ew || !slots || !m->exp_count)
+    return lks_set_error(LKS_ENOMEM, "cannot allocate routing for %d rows", n);
+  m->a.cap = n;
+  return 0;
+}
+
+static lks_tensor act(lks_buf *b, int n, int cols) {
+  return lks_tensor_2d(b, 0, LKS_F32, n, cols);
+}
+
+// The routed experts of an MoE layer: route, group the rows by expert, run each expert once on
+// its rows (weights applied inside), add into x.
+static int moe(lks_model *m, const layer_w *L, lks_tensor x, lks_tensor h, int n) {
+  const lks_config *c = &m->cfg;
+  lks_backend *be = m->be;
+  lks_tensor rl = act(m->a.rl, n, c->n_experts);
+  lks_tensor none = {0};
+  LKS_TRY(be->ops->matmul(be, rl, h, L->router, none, false));
+  lks_route_params p = {c->n_experts, c->top_k, c->n_group, c->topk_group, c->norm_topk_prob,
+                        c->routed_scaling};
+  LKS_TRY(be->ops->route(be, rl, L->e_bias, &p, m->route_ids, m->route_w));
+  // Counting sort of (row, weight) pairs by expert: exp_count[e] .. exp_count[e+1].
+  int *cnt = m->exp_count;
+  memset(cnt, 0, (size_t)(c->n_experts + 1) * sizeof *cnt);
+  for (int i = 0; i < n * c->top_k; i++) cnt[m->route_ids[i] + 1]++;
+  for (int e = 0; e < c->n_experts; e++) cnt[e + 1] += cnt[e];
+  for (int i = 0; i < n * c->top_k; i++) {
+    int e = m->route_ids[i];
+    int at = cnt[e]++;
+    m->exp_rows[at] = i / c->top_k;
+    m->exp_w[at] = m->route_w[i];
+  }
+  // cnt[e] now holds the end of expert e's range; its start is the previous end.
+  for (int e = 0, start = 0; e < c->n_experts; e++) {
+    int end = cnt[e];
+    if (end > start) {
+      const ffn_w *f = &L->experts[e];
+      LKS_TRY(be->ops->expert(be, x, h, m->exp_rows + start, m->exp_w + start, end - start,
+                              f->gate, f->up, f->down));
+    }
+    start = end;
+  }
+  if (c->n_shared > 0)
+    LKS_TRY(be->ops->expert(be, x, h, NULL, NULL, n, L->shared.gate, L->shared.up,
+                            L->shared.down));
+  return 0;
+}
+
+// One decoder layer on the residual stream x [n, H].
+static int layer_forward(lks_model *m, const layer_w *L, const lks_kv_layer *kv,
+                         const lks_attn_rows *rows, const int32_t *pos, int n) {
+  const lks_config *c = &m->cfg;
+  lks_backend *be = m->be;
+  int H = c->hidden, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+  lks_tensor x = act(m->a.x, n, H), h = act(m->a.h, n, H);
+  lks_tensor q = act(m->a.q, n, qd), k = act(m->a.k, n, kvd), v = act(m->a.v, n, kvd);
+  lks_tensor att = act(m->a.att, n, qd);
+  LKS_TRY(be->ops->rmsnorm(be, h, x, L->ln1, c->eps));
+  LKS_TRY(be->ops->matmul(be, q, h, L->wq, L->bq, false));
+  LKS_TRY(be->ops->matmul(be, k, h, L->wk, L->bk, false));
+  LKS_TRY(be->ops->matmul(be, v, h, L->wv, L->bv, false));
+  if (c->qk_norm) {
+    lks_tensor qh = lks_tensor_reshape(q, (int64_t)n * c->n_heads, c->head_dim);
+    lks_tensor kh = lks_tensor_reshape(k, (int64_t)n * c->n_kv_heads, c->head_dim);
+    LKS_TRY(be->ops->rmsnorm(be, qh, qh, L->q_norm, c->eps));
+    LKS_TRY(be->ops->rmsnorm(be, kh, kh, L->k_norm, c->eps));
+  }
+  if (c->rot_dims > 0) {
+    LKS_TRY(be->ops->rope(be, q, c->head_dim, c->rot_dims, c->rope_theta, LKS_ROPE_HALF_SPLIT, pos));
+    LKS_TRY(be->ops->rope(be, k, c->head_dim, c->rot_dims, c->rope_theta, LKS_ROPE_HALF_SPLIT, pos));
+  }
+  LKS_TRY(be->ops->kv_store(be, kv, k, v, rows));
+  LKS_TRY(be->ops->attention(be, att, q, kv, rows, c->n_heads, 1.0f / sqrtf((float)c->head_dim)));
+  lks_tensor none = {0};
+  LKS_TRY(be->ops->matmul(be, x, att, L->wo, none, true));
+  LKS_TRY(be->ops->rmsnorm(be, h, x, L->ln2, c->eps));
+  if (L->moe) return moe(m, L, x, h, n);
+  return be->ops->expert(be, x, h, NULL, NULL, n, L->dense.gate, L->dense.up, L->dense.down);
+}
+
+static int check_batch(const lks_model *m, const lks_batch *b) {
+  if (b->n <= 0 || b->n_out < 0 || b->n_out > b->n)
+    return lks_set_error(LKS_EINVAL, "forward: %d rows with %d outputs", b->n, b->n_out);
+  for (int i = 0; i < b->n; i++)
+    if (b->tokens[i] < 0 || b->tokens[i] >= m->cfg.vocab)
+      return lks_set_error(LKS_ERANGE, "forward: token id %d outside the vocabulary [0, %d)",
+                           b->tokens[i], m->cfg.vocab);
+  for (int i = 0; i < b->n_out; i++)
+    if (b->out_rows[i] < 0 || b->out_rows[i] >= b->n)
+      return lks_set_error(LKS_ERANGE, "forward: output row %d outside the batch", b->out_rows[i]);
+  return 0;
+}
+
+int lks_model_forward(lks_model *m, lks_kv_cache *kv, const lks_batch *b, lks_tensor *logits,
+                      lks_tensor *hidden) {
+  const lks_config *c = &m->cfg;
+  lks_backend *be = m->be;
+  LKS_TRY(check_batch(m, b));
+  LKS_TRY(reserve(m, b->n));
+  int n = b->n;
+  lks_attn_rows rows = {.n = n, .seq = b->seq, .pos = b->pos};
+  LKS_TRY(lks_kv_rows(kv, &rows, m->slots));
+  lks_tensor x = act(m->a.x, n, c->hidden);
+  LKS_TRY(be->ops->embed(be, x, m->embed, b->tokens));
+  for (int l = 0; l < c->n_layers; l++)
+    LKS_TRY(layer_forward(m, &m->layers[l], lks_kv_layer_at(kv, l), &rows, b->pos, n));
+  lks_tensor hid = act(m->a.hid, n, c->hidden);
+  LKS_TRY(be->ops->rmsnorm(be, hid, x, m->norm, c->eps));
+  if (hidden) *hidden = hid;
+  if (logits && b->n_out > 0) {
+    lks_tensor sel = act(m->a.h, b->n_out, c->hidden);
+    LKS_TRY(be->ops->gather_rows(be, sel, hid, b->out_rows));
+    lks_tensor out = act(m->a.logits, b->n_out, c->vocab);
+    lks_tensor none = {0};
+    LKS_TRY(be->ops->matmul(be, out, sel, m->lm_head, none, false));
+    *logits = out;
+  }
+  return 0;
+}
+
+int lks_model_mtp(lks_model *m, lks_kv_cache *mtp_kv, const lks_batch *b, lks_tensor h_in,
+                  lks_tensor *logits, lks_tensor *carry) {
+  const lks_config *c = &m->cfg;
+  lks_backend *be = m->be;
+  if (c->n_mtp < 1) return lks_set_error(LKS_EUNSUPPORTED, "this model has no MTP layer");
+  LKS_TRY(check_batch(m, b));
+  if (h_in.rows != b->n || h_in.cols != c->hidden)
+    return lks_set_error(LKS_ESHAPE, "mtp: hidden input has %lld rows, batch %d",
+                         (long long)h_in.rows, b->n);
+  // h_in may be a view of this model's own carry or hidden buffer, which growing would free.
+  if (b->n > m->a.cap && (h_in.buf == m->a.carry || h_in.buf == m->a.hid))
+    return lks_set_error(LKS_EINVAL, "mtp: %d rows exceed the %d of the buffer h_in comes from",
+                         b->n, m->a.cap);
+  LKS_TRY(reserve(m, b->n));
+  int n = b->n, H = c->hidden;
+  const layer_w *L = &m->layers[c->n_layers];
+  lks_attn_rows rows = {.n = n, .seq = b->seq, .pos = b->pos};
+  LKS_TRY(lks_kv_rows(mtp_kv, &rows, m->slots));
+  // u = eh_proj [enorm(embed(t)); hnorm(h)], the embedding half first.
+  lks_tensor ucat = act(m->a.ucat, n, 2 * H);
+  lks_tensor e_half = lks_tensor_cols(ucat, 0, H), h_half = lks_tensor_cols(ucat, H, H);
+  lks_tensor x = act(m->a.x, n, H);
+  LKS_TRY(be->ops->embed(be, x, m->embed, b->tokens));
+  LKS_TRY(be->ops->rmsnorm(be, e_half, x, L->enorm, c->eps));
+  LKS_TRY(be->ops->rmsnorm(be, h_half, h_in, L->hnorm, c->eps));
+  lks_tensor none = {0};
+  LKS_TRY(be->ops->matmul(be, x, ucat, L->eh_proj, none, false));
+  LKS_TRY(layer_forward(m, L, lks_kv_layer_at(mtp_kv, 0), &rows, b->pos, n));
+  lks_tensor cy = act(m->a.carry, n, H);
+  LKS_TRY(be->ops->rmsnorm(be, cy, x, L->head_norm, c->eps));
+  if (carry) *carry = cy;
+  if (logits) {
+    lks_tensor out = act(m->a.mlogits, n, c->vocab);
+    LKS_TRY(be->ops->matmul(be, out, cy, m->lm_head, none, false));
+    *logits = out;
+  }
+  return 0;
+}
+
+static int64_t tbytes(lks_tensor t) {
+  return t.buf ? t.rows * t.cols * (int64_t)lks_dtype_size(t.dtype) : 0;
+}
+static int64_t tnum(lks_tensor t) { return t.buf ? t.rows * t.cols : 0; }
+
+static void layer_cost(const lks_model *m, const layer_w *L, int64_t *bytes, int64_t *params) {
+  lks_tensor fixed[] = {L->ln1, L->ln2, L->wq, L->wk, L->wv, L->bq, L->bk, L->bv, L->wo,
+                        L->q_norm, L->k_norm, L->dense.gate, L->dense.up, L->dense.down,
+                        L->router, L->e_bias, L->shared.gate, L->shared.up, L->shared.down,
+                        L->enorm, L->hnorm, L->eh_proj, L->head_norm};
+  for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
+    *bytes += tbytes(fixed[i]);
+    *params += tnum(fixed[i]);
+  }
+  if (L->moe && L->experts) {
+    // top_k experts per token; the average expert's size (they are all the same shape).
+    const ffn_w *f = &L->experts[0];
+    int64_t eb = tbytes(f->gate) + tbytes(f->up) + tbytes(f->down);
+    int64_t ep = tnum(f->gate) + tnum(f->up) + tnum(f->down);
+    *bytes += eb * m->cfg.top_k;
+    *params += ep * m->cfg.top_k;
+  }
+}
+
+void lks_model_stats_get(const lks_model *m, lks_model_stats *s) {
+  const lks_config *c = &m->cfg;
+  memset(s, 0, sizeof *s);
+  s->params_total = m->params_total;
+  s->params_mtp = m->params_mtp;
+  s->weight_bytes = m->weight_bytes;
+  int64_t b = 0, p = 0;
+  for (int l = 0; l < c->n_layers; l++) layer_cost(m, &m->layers[l], &b, &p);
+  // One embedding row is read per token; the whole table counts as active parameters.
+  s->bytes_per_token = b + tbytes(m->norm) + tbytes(m->lm_head) +
+                       (m->embed.buf ? m->embed.cols * (int64_t)lks_dtype_size(m->embed.dtype) : 0);
+  s->params_active = p + tnum(m->norm) + tnum(m->lm_head) + tnum(m->embed);
+  if (c->n_mtp) {
+    int64_t mb = 0, mp = 0;
+    layer_cost(m, &m->layers[c->n_layers], &mb, &mp);
+    s->bytes_mtp_step = mb + tbytes(m->lm_head) + m->embed.cols * (int64_t)lks_dtype_size(m->embed.dtype);
+  }
+  s->kv_bytes_per_pos = (int64_t)c->n_layers * 2 * c->n_kv_heads * c->head_dim * (int64_t)sizeof(float);
+}

@@ -1,0 +1,73 @@
+// SPDX-License-Identifier: MIT
+// The GLM-4.x MoE model (MODEL.md sections 2-3): weights bound to a backend, the forward of a
+// batch of new tokens over a paged KV cache (prefill and decode are the same call), and the MTP
+// draft step with its own KV cache. All tensors live in backend buffers; the model code only
+// passes views and small host control arrays (token ids, positions, routing) to backend ops.
+//
+// Outputs are views into buffers the model owns, valid until the next call of the same function.
+// A model is used from one thread at a time.
+#ifndef LKS_MODEL_H
+#define LKS_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/backend.h"
+#include "model/config.h"
+#include "model/kv_cache.h"
+
+typedef struct lks_model lks_model;
+
+// One forward: n rows, row i is token tokens[i] of sequence seq[i] at position pos[i]. The
+// sequences must already hold those positions in the KV cache (lks_kv_seq_resize). Logits are
+// computed for the n_out rows listed in out_rows.
+typedef struct lks_batch {
+  int n;
+  const int32_t *tokens;    // [n]
+  const int32_t *pos;       // [n]
+  const int32_t *seq;       // [n]
+  int n_out;
+  const int32_t *out_rows;  // [n_out]
+} lks_batch;
+
+// Problems found while checking a checkpoint against its config, one call per problem.
+typedef void (*lks_problem_fn)(void *ctx, const char *problem);
+
+// Loads DIR (config.json + safetensors) onto `be`, checking every tensor's presence, dtype and
+// shape against config.json. With a `problem` callback every problem is reported (lockstep
+// inspect); the load fails if there is any. NULL on failure, with lks_last_error().
+lks_model *lks_model_load(const char *dir, lks_backend *be, lks_problem_fn problem, void *ctx);
+void lks_model_free(lks_model *m);
+const lks_config *lks_model_config(const lks_model *m);
+bool lks_model_has_mtp(const lks_model *m);
+lks_backend *lks_model_backend(const lks_model *m);
+
+// A KV cache shaped for the target layers (or the MTP layer).
+lks_kv_cache *lks_model_kv_new(const lks_model *m, bool mtp, int block_size, int n_blocks,
+                               int max_seqs, int max_seq_len);
+
+// Target forward. *logits: [n_out, V] f32. *hidden: [n, H], the final-normed hidden state of
+// every row (what fed lm_head; the MTP input). Either output pointer may be NULL.
+int lks_model_forward(lks_model *m, lks_kv_cache *kv, const lks_batch *b, lks_tensor *logits,
+                      lks_tensor *hidden);
+
+// One MTP draft step for b->n rows (MODEL.md section 3): row i combines token b->tokens[i] with
+// hidden row i of `h_in` ([n, H]: the target's final-normed hidden, or the carry of a previous
+// step) and runs the MTP layer at b->pos[i] in mtp_kv. *logits: [n, V] for all rows.
+// *carry: [n, H], shared_head.norm(z), the hidden for a chained step (may alias h_in).
+int lks_model_mtp(lks_model *m, lks_kv_cache *mtp_kv, const lks_batch *b, lks_tensor h_in,
+                  lks_tensor *logits, lks_tensor *carry);
+
+// Per-token accounting of a model (for inspect and bench).
+typedef struct lks_model_stats {
+  int64_t params_total;       // every tensor, MTP included
+  int64_t params_mtp;         // the MTP layer's own tensors
+  int64_t params_active;      // per target token: all but the unselected routed experts
+  int64_t bytes_per_token;    // weight bytes one decode step reads (target, one row of embed)
+  int64_t bytes_mtp_step;     // weight bytes one MTP draft step reads
+  int64_t kv_bytes_per_pos;   // KV cache bytes per position over all target layers (f32)
+  int64_t weight_bytes;       // bytes of all weights
+} lks_model_stats;
+void lks_model_stats_get(const lks_model *m, lks_model_stats *s);
+
+#endif

@@ -1,0 +1,231 @@
+// SPDX-License-Identifier: MIT
+// The C forward against the independent numpy reference (tests/reference/glm_ref.py).
+//
+// usage: test_model_ref MODEL_DIR EXPECTED.safetensors BOUND PROMPT_LEN
+//
+// 1. Sequence A, teacher-forced with the reference's tokens: a prefill of the prompt with the
+//    logits of every row, then one decode step per token; every row's logits are compared with
+//    the reference as max|diff| / max|ref| <= BOUND.
+// 2. Sequence B, free-running greedy generation from the prompt, prefilled in two chunks: its
+//    tokens must equal the reference's greedy tokens.
+// 3. The MTP layer: first drafts at every position (a prefill-shaped batch, then single steps, as
+//    a proposer would run them) from sequence A's final-normed hiddens; then the chained drafts at
+//    the reference's anchor positions. Same bound.
+// Exit status 0 when everything is within bounds; every comparison is printed.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "core/error.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+
+static int failures;
+
+static const lks_st_tensor *need(lks_safetensors *st, const char *name) {
+  const lks_st_tensor *t = lks_safetensors_find(st, name);
+  if (!t) {
+    fprintf(stderr, "expected file has no tensor '%s'\n", name);
+    exit(2);
+  }
+  return t;
+}
+
+// max|a - ref| / max|ref| over n values.
+static double rel_err(const float *a, const float *ref, size_t n) {
+  double md = 0, mr = 0;
+  for (size_t i = 0; i < n; i++) {
+    double d = fabs((double)a[i] - ref[i]);
+    if (!(d <= md)) md = d;  // NaN propagates as a failure
+    if (fabs(ref[i]) > mr) mr = fabs(ref[i]);
+  }
+  return mr > 0 ? md / mr : md;
+}
+
+static void check(const char *what, double err, double bound) {
+  bool ok = err <= bound;
+  if (!ok) failures++;
+  printf("%-44s rel err %.3e  (bound %.1e)  %s\n", what, err, bound, ok ? "ok" : "FAIL");
+}
+
+#define TRY(x)                                                               \
+  do {                                                                       \
+    if ((x) < 0) {                                                           \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, lks_last_error()); \
+      exit(1);                                                               \
+    }                                                                        \
+  } while (0)
+
+int main(int argc, char **argv) {
+  if (argc != 5) {
+    fprintf(stderr, "usage: %s MODEL_DIR EXPECTED.safetensors BOUND PROMPT_LEN\n", argv[0]);
+    return 2;
+  }
+  double bound = atof(argv[3]);
+  lks_backend *be = lks_backend_new("cpu", 0);
+  lks_model *m = be ? lks_model_load(argv[1], be, NULL, NULL) : NULL;
+  lks_safetensors *ex = lks_safetensors_open(argv[2]);
+  if (!m || !ex) {
+    fprintf(stderr, "cannot load: %s\n", lks_last_error());
+    return 1;
+  }
+  const lks_config *c = lks_model_config(m);
+  int V = c->vocab, H = c->hidden;
+  const lks_st_tensor *tt = need(ex, "tokens"), *tl = need(ex, "logits");
+  const int32_t *tokens = (const int32_t *)tt->data;
+  const float *ref = (const float *)tl->data;
+  int n_tok = (int)tt->shape[0], n_rows = (int)tl->shape[0];  // n_rows = n_tok - 1
+  int P = atoi(argv[4]);
+  if (tl->shape[1] != V || n_tok != n_rows + 1 || P < 2) {
+    fprintf(stderr, "expected file does not match the model (vocab %d)\n", V);
+    return 2;
+  }
+  int gen = n_rows - P;
+  int max_len = n_tok + 8, bs = 16;
+  lks_kv_cache *kv = lks_model_kv_new(m, false, bs, 2 * ((max_len + bs - 1) / bs), 2, max_len);
+  float *logits = malloc((size_t)n_rows * V * sizeof *logits);
+  float *hidden = malloc((size_t)n_rows * H * sizeof *hidden);
+  int32_t *pos = malloc((size_t)n_tok * sizeof *pos), *seq = calloc((size_t)n_tok, sizeof *seq);
+  int32_t *rows = malloc((size_t)n_tok * sizeof *rows);
+  if (!kv || !logits || !hidden || !pos || !seq || !rows) return 1;
+  for (int i = 0; i < n_tok; i++) pos[i] = rows[i] = i;
+
+  // 1. Sequence A: prefill with every row's logits, then teacher-forced decode steps.
+  int a = lks_kv_seq_alloc(kv);
+  TRY(lks_kv_seq_resize(kv, a, P));
+  lks_batch b = {P, tokens, pos, seq, P, rows};
+  lks_tensor lg, hd;
+  TRY(lks_model_forward(m, kv, &b, &lg, &hd));
+  TRY(lks_tensor_to_host_f32(be, logits, lg));
+  TRY(lks_tensor_to_host_f32(be, hidden, hd));
+  for (int s = 0; s < gen; s++) {
+    int p = P + s;
+    int32_t zero = 0;
+    TRY(lks_kv_seq_resize(kv, a, p + 1));
+    lks_batch d = {1, &tokens[p], &pos[p], seq, 1, &zero};
+    TRY(lks_model_forward(m, kv, &d, &lg, &hd));
+    TRY(lks_tensor_to_host_f32(be, logits + (size_t)p * V, lg));
+    TRY(lks_tensor_to_host_f32(be, hidden + (size_t)p * H, hd));
+  }
+  char what[96];
+  snprintf(what, sizeof what, "target logits, %d-token prefill", P);
+  check(what, rel_err(logits, ref, (size_t)P * V), bound);
+  snprintf(what, sizeof what, "target logits, %d decode steps", gen);
+  check(what, rel_err(logits + (size_t)P * V, ref + (size_t)P * V, (size_t)gen * V), bound);
+
+  // 2. Sequence B: free-running greedy from the prompt, prefilled in two chunks.
+  int bseq = lks_kv_seq_alloc(kv);
+  int32_t *bs_seq = malloc((size_t)n_tok * sizeof *bs_seq);
+  for (int i = 0; i < n_tok; i++) bs_seq[i] = bseq;
+  int32_t *gtok = malloc((size_t)n_tok * sizeof *gtok);
+  memcpy(gtok, tokens, (size_t)P * sizeof *gtok);
+  int c1 = P / 2 + 3;
+  TRY(lks_kv_seq_resize(kv, bseq, c1));
+  int32_t last = c1 - 1;
+  lks_batch b1 = {c1, gtok, pos, bs_seq, 1, &last};
+  TRY(lks_model_forward(m, kv, &b1, &lg, NULL));
+  TRY(lks_kv_seq_resize(kv, bseq, P));
+  last = P - c1 - 1;
+  lks_batch b2 = {P - c1, gtok + c1, pos + c1, bs_seq, 1, &last};
+  TRY(lks_model_forward(m, kv, &b2, &lg, NULL));
+  int same = 0;
+  for (int i = 0; i <= gen; i++) {
+    int32_t next;
+    TRY(be->ops->argmax(be, lg, &next, NULL));
+    gtok[P + i] = next;
+    same += next == tokens[P + i];
+    if (i == gen) break;
+    int p = P + i;
+    int32_t zero = 0;
+    TRY(lks_kv_seq_resize(kv, bseq, p + 1));
+    lks_batch d = {1, &gtok[p], &pos[p], bs_seq, 1, &zero};
+    TRY(lks_model_forward(m, kv, &d, &lg, NULL));
+  }
+  bool greedy_ok = same == gen + 1;
+  failures += !greedy_ok;
+  printf("%-44s %d of %d tokens equal  %s\n", "greedy continuation (chunked prefill)", same,
+         gen + 1, greedy_ok ? "ok" : "FAIL");
+
+  // 3. MTP.
+  if (lks_model_has_mtp(m)) {
+    const lks_st_tensor *tm = need(ex, "mtp_logits"), *tc = need(ex, "mtp_chain_logits"),
+                        *tp = need(ex, "mtp_chain_pos");
+    const float *mref = (const float *)tm->data, *cref = (const float *)tc->data;
+    const int32_t *anchors = (const int32_t *)tp->data;
+    int n_m = (int)tm->shape[0], n_anchor = (int)tc->shape[0], chain = (int)tc->shape[1];
+    lks_kv_cache *mkv = lks_model_kv_new(m, true, bs, 2 * ((max_len + bs - 1) / bs), 2, max_len);
+    lks_buf *hbuf = be->ops->buf_alloc(be, (size_t)n_rows * H * sizeof(float));
+    float *mlog = malloc((size_t)n_m * V * sizeof *mlog);
+    if (!mkv || !hbuf || !mlog) return 1;
+    TRY(be->ops->from_host(be, hbuf, 0, hidden, (size_t)n_rows * H * sizeof(float)));
+    lks_tensor hall = lks_tensor_2d(hbuf, 0, LKS_F32, n_rows, H);
+    // First drafts: rows j = 0 .. P-2 in one batch, then one row per step.
+    int ms = lks_kv_seq_alloc(mkv);
+    int first = P - 1;
+    TRY(lks_kv_seq_resize(mkv, ms, first));
+    lks_batch mb = {first, tokens + 1, pos, seq, first, rows};
+    TRY(lks_model_mtp(m, mkv, &mb, lks_tensor_rows(hall, 0, first), &lg, NULL));
+    TRY(lks_tensor_to_host_f32(be, mlog, lg));
+    for (int j = first; j < n_m; j++) {
+      int32_t zero = 0;
+      TRY(lks_kv_seq_resize(mkv, ms, j + 1));
+      lks_batch d = {1, &tokens[j + 1], &pos[j], seq, 1, &zero};
+      TRY(lks_model_mtp(m, mkv, &d, lks_tensor_rows(hall, j, 1), &lg, NULL));
+      TRY(lks_tensor_to_host_f32(be, mlog + (size_t)j * V, lg));
+    }
+    snprintf(what, sizeof what, "MTP first-draft logits, %d positions", n_m);
+    check(what, rel_err(mlog, mref, (size_t)n_m * V), bound);
+    // Chained drafts: per anchor i, a fresh MTP sequence over 0..i, then chain-1 more steps.
+    for (int an = 0; an < n_anchor; an++) {
+      int i = anchors[an];
+      int cs = lks_kv_seq_alloc(mkv);
+      int32_t *cseq = malloc((size_t)(i + 1) * sizeof *cseq);
+      for (int r = 0; r <= i; r++) cseq[r] = cs;
+      TRY(lks_kv_seq_resize(mkv, cs, i + 1));
+      int32_t lastrow = i;
+      lks_batch cb = {i + 1, tokens + 1, pos, cseq, 1, &lastrow};
+      lks_tensor carry;
+      TRY(lks_model_mtp(m, mkv, &cb, lks_tensor_rows(hall, 0, i + 1), &lg, &carry));
+      // The logits were computed for all rows; the anchor's are the last.
+      float *step = malloc((size_t)V * sizeof *step);
+      double worst = 0;
+      for (int k = 0; k < chain; k++) {
+        lks_tensor row = lks_tensor_rows(lg, lg.rows - 1, 1);
+        TRY(lks_tensor_to_host_f32(be, step, row));
+        double e = rel_err(step, cref + ((size_t)an * chain + k) * V, (size_t)V);
+        if (!(e <= worst)) worst = e;
+        if (k + 1 == chain) break;
+        int32_t draft, zero = 0;
+        TRY(be->ops->argmax(be, row, &draft, NULL));
+        int32_t p = i + 1 + k;
+        TRY(lks_kv_seq_resize(mkv, cs, p + 1));
+        lks_batch d = {1, &draft, &p, &cs, 1, &zero};
+        lks_tensor h_in = lks_tensor_rows(carry, carry.rows - 1, 1);
+        TRY(lks_model_mtp(m, mkv, &d, h_in, &lg, &carry));
+      }
+      snprintf(what, sizeof what, "MTP chain of %d drafts at position %d", chain, i);
+      check(what, worst, bound);
+      free(step);
+      free(cseq);
+      lks_kv_seq_free(mkv, cs);
+    }
+    free(mlog);
+    be->ops->buf_free(be, hbuf);
+    lks_kv_free(mkv);
+  }
+  printf("%s\n", failures ? "FAILED" : "all comparisons within bounds");
+  free(gtok);
+  free(bs_seq);
+  free(logits);
+  free(hidden);
+  free(pos);
+  free(seq);
+  free(rows);
+  lks_kv_free(kv);
+  lks_safetensors_close(ex);
+  lks_model_free(m);
+  lks_backend_free(be);
+  return failures ? 1 : 0;
+}

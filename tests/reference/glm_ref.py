@@ -1,0 +1,430 @@
+# SPDX-License-Identifier: MIT
+#
+# glm_ref.py -- an independent float64 reference forward for GLM-4.x MoE
+# checkpoints (Glm4MoeForCausalLM, model_type "glm4_moe"), written only from
+# the math in /work/shared/MODEL.md sections 1-3, for checking lockstep's C
+# runtime.  It reads config.json and the safetensors weights of a model
+# directory with its own small reader, computes everything in float64 with
+# plain full-sequence causal attention (no KV cache: every step recomputes
+# the whole sequence), and writes the results as a safetensors file:
+#
+#   tokens            I32 [P+G+1]      prompt (P ids) + G+1 greedy tokens
+#   logits            F32 [P+G, V]     target logits of the forward over
+#                                      tokens[0:P+G]; row p = after position p
+#   mtp_logits        F32 [P+G-1, V]   first MTP draft at position j (from the
+#                                      target hidden at j after model.norm and
+#                                      token tokens[j+1])           (MTP only)
+#   mtp_chain_logits  F32 [A, C, V]    chained drafts 1..C at anchors (MTP only)
+#   mtp_chain_pos     I32 [A]          the anchor positions          (MTP only)
+#
+# Usage:
+#   /usr/bin/python3 tests/reference/glm_ref.py --model DIR --out FILE \
+#       [--prompt-len 64] [--gen 32] [--chain 3] [--seed 1]
+
+import argparse
+import json
+import os
+import struct
+import sys
+import time
+
+import numpy as np
+
+
+# ---------------------------------------------------------------------------
+# safetensors reader / writer (MODEL.md section 1: model.safetensors, or
+# shards listed by model.safetensors.index.json "weight_map")
+# ---------------------------------------------------------------------------
+
+def read_safetensors(path, want=None):
+    """Return {name: float64 ndarray} for the tensors of one file (only the
+    names in `want` when given).  BF16, F16, F32 (and F64) become float64;
+    I32 (used by the output files of this script) becomes int64."""
+    with open(path, "rb") as f:
+        (hlen,) = struct.unpack("<Q", f.read(8))
+        hdr = json.loads(f.read(hlen).decode("utf-8"))
+    base = 8 + hlen
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    out = {}
+    for name, info in hdr.items():
+        if name == "__metadata__" or (want is not None and name not in want):
+            continue
+        a, b = info["data_offsets"]
+        raw = mm[base + a: base + b]
+        shape = tuple(info["shape"])
+        dt = info["dtype"]
+        if dt == "BF16":
+            # BF16 is the top half of an IEEE float32: shift into place.
+            u = raw.view("<u2").astype(np.uint32) << np.uint32(16)
+            x = u.view(np.float32).astype(np.float64)
+        elif dt == "F16":
+            x = raw.view("<f2").astype(np.float64)
+        elif dt == "F32":
+            x = raw.view("<f4").astype(np.float64)
+        elif dt == "F64":
+            x = raw.view("<f8").astype(np.float64)
+        elif dt == "I32":                                  # our own output files
+            x = raw.view("<i4").astype(np.int64)
+        else:
+            raise ValueError("%s: tensor %s has unsupported dtype %s" % (path, name, dt))
+        out[name] = x.reshape(shape)
+    del mm
+    return out
+
+
+def load_weights(model_dir):
+    single = os.path.join(model_dir, "model.safetensors")
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.exists(single):
+        return read_safetensors(single)
+    if os.path.exists(index):
+        with open(index) as f:
+            wm = json.load(f)["weight_map"]
+        files = {}
+        for name, fn in wm.items():
+            files.setdefault(fn, set()).add(name)
+        W = {}
+        for fn, names in sorted(files.items()):
+            W.update(read_safetensors(os.path.join(model_dir, fn), names))
+        missing = set(wm) - set(W)
+        if missing:
+            raise KeyError("tensors in the index but not in their shard: %s"
+                           % sorted(missing)[:5])
+        return W
+    raise FileNotFoundError("%s: no model.safetensors nor model.safetensors.index.json"
+                            % model_dir)
+
+
+def write_safetensors(path, tensors, metadata):
+    """tensors: list of (name, ndarray); F32 / I32 written little-endian,
+    contiguous in header order; header padded with spaces to 8 bytes."""
+    hdr = {"__metadata__": {k: str(v) for k, v in metadata.items()}}
+    blobs, off = [], 0
+    for name, arr in tensors:
+        if arr.dtype.kind == "f":
+            b, dt = np.ascontiguousarray(arr, dtype="<f4").tobytes(), "F32"
+        elif arr.dtype.kind in "iu":
+            b, dt = np.ascontiguousarray(arr, dtype="<i4").tobytes(), "I32"
+        else:
+            raise ValueError(arr.dtype)
+        hdr[name] = {"dtype": dt, "shape": list(arr.shape),
+                     "data_offsets": [off, off + len(b)]}
+        off += len(b)
+        blobs.append(b)
+    js = json.dumps(hdr, separators=(",", ":")).encode()
+    js += b" " * ((-len(js)) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(js)))
+        f.write(js)
+        for b in blobs:
+            f.write(b)
+
+
+# ---------------------------------------------------------------------------
+# The model (MODEL.md section 2 "Forward pass" and section 3 "MTP draft step")
+# ---------------------------------------------------------------------------
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+class GlmRef:
+    def __init__(self, model_dir):
+        with open(os.path.join(model_dir, "config.json")) as f:
+            cfg = json.load(f)
+        arch = cfg.get("architectures") or []
+        if cfg.get("model_type") != "glm4_moe" and "Glm4MoeForCausalLM" not in arch:
+            raise ValueError("not a glm4_moe model: model_type=%r architectures=%r"
+                             % (cfg.get("model_type"), arch))
+
+        def req(k):
+            if k not in cfg:
+                raise KeyError("config.json: missing required field %r" % k)
+            return cfg[k]
+
+        self.cfg = cfg
+        self.H = req("hidden_size")
+        self.N = req("num_hidden_layers")
+        self.nh = req("num_attention_heads")
+        self.nkv = req("num_key_value_heads")
+        self.hd = cfg.get("head_dim") or self.H // self.nh
+        self.V = req("vocab_size")
+        self.eps = req("rms_norm_eps")
+        self.theta = req("rope_theta")
+        self.prf = cfg.get("partial_rotary_factor", 1.0)
+        self.qk_norm = bool(cfg.get("use_qk_norm", False))
+        self.attn_bias = bool(cfg.get("attention_bias", False))
+        self.first_dense = req("first_k_dense_replace")
+        self.E = req("n_routed_experts")
+        self.n_shared = req("n_shared_experts")
+        self.topk = req("num_experts_per_tok")
+        self.scale = req("routed_scaling_factor")
+        self.n_group = cfg.get("n_group", 1) or 1
+        self.topk_group = cfg.get("topk_group", 1) or 1
+        self.norm_topk = bool(req("norm_topk_prob"))
+        self.n_mtp = cfg.get("num_nextn_predict_layers", 0) or 0
+        if cfg.get("tie_word_embeddings", False):
+            raise ValueError("tie_word_embeddings=true is not a GLM-4.x layout")
+        # Rotary dims: r = head_dim * partial_rotary_factor (MODEL.md 2, step 3).
+        self.r = int(round(self.hd * self.prf))
+        assert self.r % 2 == 0 and self.r <= self.hd
+        assert self.nh % self.nkv == 0
+
+        self.W = load_weights(model_dir)
+        self.min_route_margin = np.inf        # diagnostics, see route()
+        self.has_mtp = self.n_mtp >= 1
+        if self.has_mtp:
+            need = "model.layers.%d.eh_proj.weight" % self.N
+            if need not in self.W:
+                raise KeyError("num_nextn_predict_layers=%d but %s is missing"
+                               % (self.n_mtp, need))
+
+    def w(self, name):
+        try:
+            return self.W[name]
+        except KeyError:
+            raise KeyError("missing tensor %s" % name) from None
+
+    # RMSNorm: y = w * x / sqrt(mean(x^2) + eps), over the last axis.
+    def rmsnorm(self, x, weight):
+        return weight * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps)
+
+    # Partial half-split (NeoX) RoPE on x [T, heads, head_dim] at positions pos [T].
+    def rope(self, x, pos):
+        r, half = self.r, self.r // 2
+        if r == 0:
+            return x
+        j = np.arange(half, dtype=np.float64)
+        inv = self.theta ** (-2.0 * j / r)                 # theta^(-2j/r)
+        ang = pos.astype(np.float64)[:, None] * inv[None, :]   # [T, r/2]
+        cos = np.cos(ang)[:, None, :]
+        sin = np.sin(ang)[:, None, :]
+        a, b = x[..., :half], x[..., half:r]               # pair (j, j + r/2)
+        out = x.copy()
+        out[..., :half] = a * cos - b * sin
+        out[..., half:r] = b * cos + a * sin
+        return out                                         # dims >= r pass through
+
+    def attention(self, L, x, pos):
+        """x [T, H] residual stream -> attention output [T, H] (before the add)."""
+        p = "model.layers.%d." % L
+        T = x.shape[0]
+        hd, nh, nkv = self.hd, self.nh, self.nkv
+        h = self.rmsnorm(x, self.w(p + "input_layernorm.weight"))
+        q = h @ self.w(p + "self_attn.q_proj.weight").T
+        k = h @ self.w(p + "self_attn.k_proj.weight").T
+        v = h @ self.w(p + "self_attn.v_proj.weight").T
+        if self.attn_bias:
+            q = q + self.w(p + "self_attn.q_proj.bias")
+            k = k + self.w(p + "self_attn.k_proj.bias")
+            v = v + self.w(p + "self_attn.v_proj.bias")
+        q = q.reshape(T, nh, hd)
+        k = k.reshape(T, nkv, hd)
+        v = v.reshape(T, nkv, hd)
+        if self.qk_norm:                                   # before RoPE
+            q = self.rmsnorm(q, self.w(p + "self_attn.q_norm.weight"))
+            k = self.rmsnorm(k, self.w(p + "self_attn.k_norm.weight"))
+        q = self.rope(q, pos)
+        k = self.rope(k, pos)
+        group = nh // nkv
+        mask = np.tril(np.ones((T, T), dtype=bool))        # key s <= query t
+        out = np.empty((T, nh, hd))
+        for i in range(nh):
+            kv = i // group                                # GQA
+            s = (q[:, i, :] @ k[:, kv, :].T) / np.sqrt(hd)
+            s = np.where(mask, s, -np.inf)
+            s = s - s.max(axis=1, keepdims=True)
+            pr = np.exp(s)
+            pr /= pr.sum(axis=1, keepdims=True)
+            out[:, i, :] = pr @ v[:, kv, :]
+        return out.reshape(T, nh * hd) @ self.w(p + "self_attn.o_proj.weight").T
+
+    def swiglu(self, prefix, h):
+        g = h @ self.w(prefix + "gate_proj.weight").T
+        u = h @ self.w(prefix + "up_proj.weight").T
+        return (silu(g) * u) @ self.w(prefix + "down_proj.weight").T
+
+    def route(self, L, h2):
+        """MoE routing (MODEL.md 2, MoE steps 1-5) -> (idx [T,k], weights [T,k])."""
+        p = "model.layers.%d.mlp.gate." % L
+        logits = h2 @ self.w(p + "weight").T               # [T, E]
+        s = sigmoid(logits)
+        c = s + self.w(p + "e_score_correction_bias")      # selection only
+        T, E = c.shape
+        if self.n_group > 1:
+            gs = E // self.n_group
+            cg = c.reshape(T, self.n_group, gs)
+            top2 = -np.sort(-cg, axis=2)[:, :, :min(2, gs)]
+            gscore = top2.sum(axis=2)                      # [T, n_group]
+            gorder = np.argsort(-gscore, axis=1, kind="stable")
+            keep = np.zeros((T, self.n_group), dtype=bool)
+            np.put_along_axis(keep, gorder[:, :self.topk_group], True, axis=1)
+            c = np.where(np.repeat(keep, gs, axis=1), c, -np.inf)
+        # top-k, ties to the lower expert id (stable sort of -c).
+        order = np.argsort(-c, axis=1, kind="stable")
+        idx = order[:, :self.topk]
+        if self.topk < E:
+            # Gap between the last selected and the first rejected corrected
+            # score: how close a routing decision came to flipping.
+            cs = np.take_along_axis(c, order[:, self.topk - 1:self.topk + 1], axis=1)
+            gap = cs[:, 0] - cs[:, 1]
+            self.min_route_margin = min(self.min_route_margin, float(gap.min()))
+        w = np.take_along_axis(s, idx, axis=1)             # uncorrected sigmoid
+        if self.norm_topk:
+            w = w / (w.sum(axis=1, keepdims=True) + 1e-20)
+        w = w * self.scale
+        return idx, w
+
+    def moe(self, L, h2):
+        p = "model.layers.%d.mlp." % L
+        idx, w = self.route(L, h2)
+        y = np.zeros_like(h2)
+        for e in np.unique(idx):
+            rows, slot = np.nonzero(idx == e)
+            y[rows] += w[rows, slot][:, None] * self.swiglu(p + "experts.%d." % e, h2[rows])
+        if self.n_shared > 0:
+            y += self.swiglu(p + "shared_experts.", h2)    # unweighted
+        return y
+
+    def decoder_layer(self, L, x, pos, moe):
+        x = x + self.attention(L, x, pos)
+        h2 = self.rmsnorm(x, self.w("model.layers.%d.post_attention_layernorm.weight" % L))
+        x = x + (self.moe(L, h2) if moe else self.swiglu("model.layers.%d.mlp." % L, h2))
+        return x
+
+    def lm_head(self, hn):
+        return hn @ self.w("lm_head.weight").T
+
+    def forward(self, tokens):
+        """Full causal forward.  Returns (hn [T,H] after model.norm, logits [T,V])."""
+        tokens = np.asarray(tokens)
+        pos = np.arange(len(tokens))
+        x = self.w("model.embed_tokens.weight")[tokens]    # no scaling
+        for L in range(self.N):
+            x = self.decoder_layer(L, x, pos, moe=(L >= self.first_dense))
+        hn = self.rmsnorm(x, self.w("model.norm.weight"))
+        return hn, self.lm_head(hn)
+
+    # --- MTP (MODEL.md section 3) ---------------------------------------------
+    def mtp_input(self, h, t):
+        """u = eh_proj [enorm(embed(t)); hnorm(h)], embedding half first."""
+        p = "model.layers.%d." % self.N
+        e = self.rmsnorm(self.w("model.embed_tokens.weight")[np.asarray(t)],
+                         self.w(p + "enorm.weight"))      # main embed_tokens
+        g = self.rmsnorm(h, self.w(p + "hnorm.weight"))
+        return np.concatenate([e, g], axis=-1) @ self.w(p + "eh_proj.weight").T
+
+    def mtp_layer(self, u):
+        """Run the MTP decoder layer causally over u [T,H] (row t at position t).
+        Returns (hs = shared_head.norm(z) [T,H], logits [T,V])."""
+        N = self.N
+        z = self.decoder_layer(N, u, np.arange(u.shape[0]), moe=True)
+        hs = self.rmsnorm(z, self.w("model.layers.%d.shared_head.norm.weight" % N))
+        return hs, self.lm_head(hs)                        # main lm_head
+
+
+def top2_margin(row):
+    s = np.sort(row)
+    return s[-1] - s[-2]
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description="float64 reference forward for glm4_moe")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--gen", type=int, default=32)
+    ap.add_argument("--chain", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args(argv)
+    if a.prompt_len < 1 or a.gen < 0 or a.chain < 1:
+        sys.exit("glm_ref.py: need --prompt-len >= 1, --gen >= 0, --chain >= 1")
+
+    t0 = time.time()
+    m = GlmRef(a.model)
+    t_load = time.time() - t0
+    P, G, V = a.prompt_len, a.gen, m.V
+
+    # 1. Prompt.
+    tokens = [int(t) for t in np.random.default_rng(a.seed).integers(0, V, P)]
+
+    # 2. Greedy: full recompute each step, argmax of the last row (ties: lowest
+    #    index, which np.argmax gives), until G+1 tokens are generated.
+    margins = []
+    for _ in range(G + 1):
+        _, lg = m.forward(tokens)
+        last = lg[-1]
+        margins.append(top2_margin(last))
+        tokens.append(int(np.argmax(last)))
+    tokens = np.array(tokens, dtype=np.int64)
+    T = P + G                                              # rows of `logits`
+
+    # 3. Target logits over tokens[0:T].
+    m.min_route_margin = np.inf
+    hn, logits = m.forward(tokens[:T])
+    route_margin = m.min_route_margin
+    outs = [("tokens", tokens.astype(np.int32)), ("logits", logits)]
+    summary = {"max_abs_logit": float(np.abs(logits).max()),
+               "min_greedy_margin": float(min(margins)),
+               "min_route_margin": float(route_margin)}
+
+    if m.has_mtp and T >= 2:
+        # 4. First drafts: MTP input at position j from (hn[j], tokens[j+1]);
+        #    the MTP layer attends causally over inputs 0..j.
+        u = m.mtp_input(hn[:T - 1], tokens[1:T])           # [T-1, H]
+        m.min_route_margin = np.inf
+        hs, mtp_logits = m.mtp_layer(u)
+        summary["min_mtp_route_margin"] = float(m.min_route_margin)
+        outs.append(("mtp_logits", mtp_logits))
+
+        # 5. Chained drafts at anchors.  Step 1 at anchor i = mtp_logits[i];
+        #    step d+1 appends u' = mtp_input(shared_head.norm(z_d), draft_d) at
+        #    position i+d and reruns the MTP layer over [u_0..u_i, u'_(i+1)..].
+        anchors = sorted({x for x in (P - 1, P + G // 2, P + G - 2) if 0 <= x <= T - 2})
+        chain = np.zeros((len(anchors), a.chain, V))
+        chain_margin = []
+        for ai, i in enumerate(anchors):
+            seq = u[:i + 1]
+            h_c, lg_c = hs[i], mtp_logits[i]
+            for d in range(a.chain):
+                if d > 0:
+                    u_new = m.mtp_input(h_c[None, :], [int(np.argmax(lg_c))])
+                    seq = np.concatenate([seq, u_new], axis=0)
+                    hs_s, lg_s = m.mtp_layer(seq)
+                    h_c, lg_c = hs_s[-1], lg_s[-1]
+                chain[ai, d] = lg_c
+                chain_margin.append(top2_margin(lg_c))
+        outs.append(("mtp_chain_logits", chain))
+        outs.append(("mtp_chain_pos", np.array(anchors, dtype=np.int32)))
+        # Agreement of the first draft with the target's next token (on a
+        # random model this is typically low; reported for information only).
+        agree = np.mean(np.argmax(mtp_logits, axis=1) == tokens[2:T + 1])
+        summary.update({"max_abs_mtp_logit": float(np.abs(mtp_logits).max()),
+                        "min_mtp_margin": float(min(top2_margin(r) for r in mtp_logits)),
+                        "min_chain_margin": float(min(chain_margin)),
+                        "mtp_top1_agreement": float(agree),
+                        "chain_anchors": anchors})
+
+    for name, arr in outs:
+        if not np.all(np.isfinite(arr)):
+            sys.exit("glm_ref.py: non-finite values in %s" % name)
+
+    meta = {"format": "pt", "model": os.path.abspath(a.model),
+            "prompt_len": P, "gen": G, "chain": a.chain, "seed": a.seed,
+            "generator": "tests/reference/glm_ref.py (float64)"}
+    write_safetensors(a.out, outs, meta)
+
+    print("glm_ref: %s  P=%d G=%d chain=%d seed=%d  (load %.2f s, total %.2f s)"
+          % (a.model, P, G, a.chain, a.seed, t_load, time.time() - t0))
+    print("  generated: %s" % " ".join(str(t) for t in tokens[P:]))
+    for k, v in summary.items():
+        print("  %-20s %s" % (k, ("%.6g" % v) if isinstance(v, float) else v))
+    print("  wrote %s: %s" % (a.out, ", ".join("%s%s" % (n, list(x.shape)) for n, x in outs)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

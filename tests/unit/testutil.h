@@ -1,0 +1,19 @@
+// SPDX-License-Identifier: MIT
+// Helpers shared by the unit tests: scratch directories, files, random data.
+#ifndef LKS_TESTUTIL_H
+#define LKS_TESTUTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+// A new empty directory under $TMPDIR (or /tmp); the returned path is static per call site use.
+char *tu_tmpdir(void);
+void tu_write(const char *path, const void *data, size_t n);
+// Writes a safetensors file: 8-byte length, `header` (padded), then `data_len` bytes of `data`.
+void tu_write_st(const char *path, const char *header, const void *data, size_t data_len);
+// Runs the generator tools/gen_model.py into dir with extra arguments; 0 on success.
+int tu_gen_model(const char *dir, const char *args);
+uint64_t tu_rand(uint64_t *state);
+float tu_randf(uint64_t *state);  // uniform in [-1, 1)
+
+#endif
