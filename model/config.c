@@ -95,7 +95,9 @@ int lks_config_parse(const char *text, const char *what, lks_config *cfg) {
   const char *mt = json_string_value(json_object_get(root, "model_type"));
   json_t *archs = json_object_get(root, "architectures");
   const char *arch = json_string_value(json_array_get(archs, 0));
-  bool ok = (mt && strcmp(mt, "glm4_moe") == 0) || (arch && strcmp(arch, "Glm4MoeForCausalLM") == 0);
+  // Each one given must say GLM-4 MoE, and at least one must be given.
+  bool ok = (mt || arch) && (!mt || strcmp(mt, "glm4_moe") == 0) &&
+            (!arch || strcmp(arch, "Glm4MoeForCausalLM") == 0);
   if (!ok) {
     rc = lks_set_error(LKS_EUNSUPPORTED,
                        "%s: unsupported architecture (model_type '%s', architectures[0] '%s'); "

@@ -213,8 +213,10 @@ lks_model *lks_model_load(const char *dir, lks_backend *be, lks_problem_fn fn, v
   for (int l = 0; l < n_layers; l++)
     if (bind_layer(m, l) < 0) goto fail;
   if (m->n_problems) {
+    char first[512];
+    snprintf(first, sizeof first, "%s", lks_last_error());
     lks_set_error(LKS_EFORMAT, "%s: %d problem%s with the weights (first: %s)", dir, m->n_problems,
-                  m->n_problems > 1 ? "s" : "", lks_last_error());
+                  m->n_problems > 1 ? "s" : "", first);
     goto fail;
   }
   return m;

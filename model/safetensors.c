@@ -187,6 +187,17 @@ static int by_name(const void *a, const void *b) {
   return strcmp(((const lks_st_tensor *)a)->name, ((const lks_st_tensor *)b)->name);
 }
 
+// Sorts the tensors by name (for lookups) and refuses a name found in two files.
+static int sort_and_check_unique(lks_safetensors *st) {
+  qsort(st->tensors, (size_t)st->n_tensors, sizeof *st->tensors, by_name);
+  for (int i = 1; i < st->n_tensors; i++)
+    if (strcmp(st->tensors[i].name, st->tensors[i - 1].name) == 0)
+      return lks_set_error(LKS_EFORMAT, "tensor '%s' is in both %s and %s", st->tensors[i].name,
+                           st->files[st->tensors[i - 1].file].path,
+                           st->files[st->tensors[i].file].path);
+  return 0;
+}
+
 static int map_file(const char *path, st_file *f) {
   f->path = strdup(path);
   int fd = open(path, O_RDONLY);
@@ -267,7 +278,7 @@ static int load_index(lks_safetensors *st, const char *dir, const char *index_pa
     }
     if ((rc = add_file(st, path)) < 0) goto done;
   }
-  qsort(st->tensors, (size_t)st->n_tensors, sizeof *st->tensors, by_name);
+  if ((rc = sort_and_check_unique(st)) < 0) goto done;
   // Every tensor of the index must be in the shard the index names.
   json_object_foreach(map, name, v) {
     const lks_st_tensor *t = lks_safetensors_find(st, name);
@@ -310,13 +321,7 @@ lks_safetensors *lks_safetensors_open(const char *path) {
   } else if (add_file(st, path) < 0) {
     goto fail;
   }
-  qsort(st->tensors, (size_t)st->n_tensors, sizeof *st->tensors, by_name);
-  for (int i = 1; i < st->n_tensors; i++)
-    if (strcmp(st->tensors[i].name, st->tensors[i - 1].name) == 0) {
-      lks_set_error(LKS_EFORMAT, "tensor '%s' is in both %s and %s", st->tensors[i].name,
-                    st->files[st->tensors[i - 1].file].path, st->files[st->tensors[i].file].path);
-      goto fail;
-    }
+  if (sort_and_check_unique(st) < 0) goto fail;
   return st;
 fail:
   lks_safetensors_close(st);
