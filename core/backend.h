@@ -77,10 +77,20 @@ typedef struct lks_backend_ops {
   // mmapped weights): the CPU backend wraps it without a copy, a device backend uploads it.
   lks_buf *(*buf_alloc)(lks_backend *be, size_t bytes);
   lks_buf *(*buf_wrap_host)(lks_backend *be, const void *host, size_t bytes);
+  // The same for a strided slice of host memory: `rows` runs of row_bytes, stride_bytes apart
+  // (a column shard of a weight). Sets *ld_bytes to the row stride of the result: the CPU backend
+  // wraps in place (stride_bytes), a device backend packs the rows (row_bytes).
+  lks_buf *(*buf_wrap_host_2d)(lks_backend *be, const void *host, int64_t rows, size_t row_bytes,
+                               size_t stride_bytes, size_t *ld_bytes);
+  // The raw address of a buffer, for the collectives only (host memory on the CPU backend,
+  // device memory on a GPU backend); model code never dereferences it.
+  void *(*buf_ptr)(lks_backend *be, lks_buf *b);
   void (*buf_free)(lks_backend *be, lks_buf *b);
   int (*to_host)(lks_backend *be, void *dst, const lks_buf *src, size_t offset, size_t bytes);
   int (*from_host)(lks_backend *be, lks_buf *dst, size_t offset, const void *src, size_t bytes);
 
+  // Sets every element of t (f32) to zero.
+  int (*zero)(lks_backend *be, lks_tensor t);
   // out[i] = table[ids[i]] as f32; out [n, H], table [V, H].
   int (*embed)(lks_backend *be, lks_tensor out, lks_tensor table, const int32_t *ids);
   // out = w * x / sqrt(mean(x^2) + eps) per row; out may be x.

@@ -78,6 +78,24 @@ static lks_buf *cpu_buf_wrap_host(lks_backend *be, const void *host, size_t byte
   return b;
 }
 
+static lks_buf *cpu_buf_wrap_host_2d(lks_backend *be, const void *host, int64_t rows,
+                                     size_t row_bytes, size_t stride_bytes, size_t *ld_bytes) {
+  *ld_bytes = stride_bytes;
+  size_t span = rows > 0 ? (size_t)(rows - 1) * stride_bytes + row_bytes : 0;
+  return cpu_buf_wrap_host(be, host, span);
+}
+
+static void *cpu_buf_ptr(lks_backend *be, lks_buf *b) {
+  (void)be;
+  return b->data;
+}
+
+static int cpu_zero(lks_backend *be, lks_tensor t) {
+  (void)be;
+  for (int64_t r = 0; r < t.rows; r++) memset(row_f32(t, r), 0, (size_t)t.cols * sizeof(float));
+  return 0;
+}
+
 static void cpu_buf_free(lks_backend *be, lks_buf *b) {
   (void)be;
   if (!b) return;
@@ -491,7 +509,10 @@ static const lks_backend_ops cpu_ops = {
     .free = cpu_free,
     .buf_alloc = cpu_buf_alloc,
     .buf_wrap_host = cpu_buf_wrap_host,
+    .buf_wrap_host_2d = cpu_buf_wrap_host_2d,
+    .buf_ptr = cpu_buf_ptr,
     .buf_free = cpu_buf_free,
+    .zero = cpu_zero,
     .to_host = cpu_to_host,
     .from_host = cpu_from_host,
     .embed = cpu_embed,

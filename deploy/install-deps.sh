@@ -10,6 +10,7 @@ pkgs=(
   libjansson-dev                # JSON: config.json, safetensors headers
   clang libclang-rt-14-dev      # libFuzzer target and sanitizer runtimes
   python3 python3-numpy         # tests/reference and tools/gen_model.py (run by /usr/bin/python3)
+  openmpi-bin libopenmpi-dev    # mpirun, MPI bootstrap and CPU collectives
 )
 
 missing=()

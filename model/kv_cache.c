@@ -93,10 +93,12 @@ int lks_kv_seq_len(const lks_kv_cache *kv, int seq) { return kv->seq_len[seq]; }
 int lks_kv_seq_resize(lks_kv_cache *kv, int seq, int len) {
   if (seq < 0 || seq >= kv->max_seqs || kv->seq_len[seq] < 0)
     return lks_set_error(LKS_EINVAL, "KV cache: sequence %d is not allocated", seq);
-  int need = (len + kv->block_size - 1) / kv->block_size;
-  if (need > kv->max_blocks)
+  if (len < 0) return lks_set_error(LKS_EINVAL, "KV cache: negative length %d", len);
+  // Checked before rounding up to blocks, which would overflow for len near INT_MAX.
+  if (len > kv->max_blocks * kv->block_size)
     return lks_set_error(LKS_EFULL, "KV cache: %d positions exceed the longest sequence (%d)", len,
                          kv->max_blocks * kv->block_size);
+  int need = (len + kv->block_size - 1) / kv->block_size;
   int32_t *bt = kv->block_table + (size_t)seq * kv->max_blocks;
   if (need - kv->seq_blocks[seq] > kv->n_free)
     return lks_set_error(LKS_EFULL, "KV cache: %d more blocks needed, %d free",

@@ -41,8 +41,22 @@ typedef struct {
   lks_buf *x, *h, *q, *k, *v, *att, *rl, *hid, *logits, *ucat, *carry, *mlogits;
 } acts;
 
+// This rank's part of the model (DESIGN.md section 5). At world 1 it is everything.
+typedef struct {
+  int rank, world;
+  int h0, n_heads;       // query heads [h0, h0 + n_heads)
+  int kv0, n_kv;         // KV heads [kv0, kv0 + n_kv)
+  int e0, n_experts;     // routed experts [e0, e0 + n_experts)
+  int inter0, inter;     // dense FFN intermediate rows
+  int sh0, shared;       // shared expert intermediate rows
+  int v0, vocab;         // lm_head rows [v0, v0 + vocab)
+  int vocab_block;       // ceil(V / world): the padded block size of the logits gather
+} shard;
+
 struct lks_model {
   lks_config cfg;
+  shard sh;
+  lks_comm *comm;   // not owned; NULL at world 1
   lks_backend *be;
   lks_safetensors *st;
   lks_tensor embed, norm, lm_head;
@@ -53,6 +67,8 @@ struct lks_model {
   lks_problem_fn problem;
   void *problem_ctx;
   int64_t params_total, params_mtp, weight_bytes;
+  float *gather_buf;  // host, for lks_model_logits_host
+  size_t gather_cap;
   acts a;
   // Host scratch for routing and expert dispatch.
   int32_t *route_ids, *exp_rows, *exp_count;
@@ -72,14 +88,14 @@ static void problem(lks_model *m, const char *fmt, ...) {
   if (m->problem) m->problem(m->problem_ctx, msg);
 }
 
-// Binds tensor `name` of shape [rows, cols] (rows = 0: a 1-D tensor of cols) to a backend view.
-static lks_tensor bind(lks_model *m, bool mtp, const char *name, int64_t rows, int64_t cols,
-                       bool required) {
-  lks_tensor t = {0};
+// Looks up tensor `name` and checks it is [rows, cols] (rows = 0: a 1-D tensor of cols) of a
+// float dtype. NULL (after reporting the problem when required) otherwise.
+static const lks_st_tensor *lookup(lks_model *m, const char *name, int64_t rows, int64_t cols,
+                                   bool required) {
   const lks_st_tensor *st = lks_safetensors_find(m->st, name);
   if (!st) {
     if (required) problem(m, "missing tensor '%s'", name);
-    return t;
+    return NULL;
   }
   int want_dims = rows ? 2 : 1;
   bool shape_ok = st->n_dims == want_dims &&
@@ -94,88 +110,134 @@ static lks_tensor bind(lks_model *m, bool mtp, const char *name, int64_t rows, i
     else
       problem(m, "tensor '%s' has shape [%s], config.json implies [%lld]", name, got,
               (long long)cols);
-    return t;
+    return NULL;
   }
   if (st->dtype != LKS_F32 && st->dtype != LKS_BF16 && st->dtype != LKS_F16) {
     problem(m, "tensor '%s' has dtype %s; weights must be F32, BF16 or F16", name,
             lks_dtype_name(st->dtype));
-    return t;
+    return NULL;
   }
-  if (m->n_problems) return t;  // still checking; nothing is bound after a problem
-  lks_buf *b = m->be->ops->buf_wrap_host(m->be, st->data, st->nbytes);
-  if (!b) {
-    problem(m, "tensor '%s': backend cannot map %zu bytes", name, st->nbytes);
-    return t;
-  }
+  return st;
+}
+
+static bool keep_buf(lks_model *m, lks_buf *b) {
   if (m->n_bufs == m->cap_bufs) {
     int cap = m->cap_bufs ? 2 * m->cap_bufs : 256;
     lks_buf **nb = realloc(m->bufs, (size_t)cap * sizeof *nb);
-    if (!nb) {
-      m->be->ops->buf_free(m->be, b);
-      problem(m, "out of memory");
-      return t;
-    }
+    if (!nb) return false;
     m->bufs = nb;
     m->cap_bufs = cap;
   }
   m->bufs[m->n_bufs++] = b;
-  int64_t numel = rows ? rows * cols : cols;
-  m->params_total += numel;
-  if (mtp) m->params_mtp += numel;
-  m->weight_bytes += (int64_t)st->nbytes;
-  return lks_tensor_2d(b, 0, st->dtype, rows ? rows : 1, cols);
+  return true;
 }
 
-static void bind_ffn(lks_model *m, bool mtp, const char *prefix, int inter, ffn_w *f) {
+// Binds rows [r0, r0 + nr) and columns [c0, c0 + nc) of a checked tensor (1-D tensors are one
+// row). Only those bytes are mapped into the backend; a column slice keeps the file's row stride
+// on the CPU backend.
+static lks_tensor wrap(lks_model *m, bool mtp, const lks_st_tensor *st, int64_t r0, int64_t nr,
+                       int64_t c0, int64_t nc) {
+  lks_tensor t = {0};
+  if (!st || m->n_problems) return t;  // still checking; nothing is bound after a problem
+  int64_t cols = st->n_dims == 2 ? st->shape[1] : st->shape[0];
+  size_t es = lks_dtype_size(st->dtype), stride = (size_t)cols * es;
+  const uint8_t *first = st->data + (size_t)r0 * stride + (size_t)c0 * es;
+  lks_buf *b;
+  size_t ld_bytes = stride;
+  if (nc == cols)
+    b = m->be->ops->buf_wrap_host(m->be, first, (size_t)nr * stride);
+  else
+    b = m->be->ops->buf_wrap_host_2d(m->be, first, nr, (size_t)nc * es, stride, &ld_bytes);
+  if (!b || !keep_buf(m, b)) {
+    if (b) m->be->ops->buf_free(m->be, b);
+    problem(m, "tensor '%s': the backend cannot map it", st->name);
+    return t;
+  }
+  m->params_total += nr * nc;
+  if (mtp) m->params_mtp += nr * nc;
+  m->weight_bytes += nr * nc * (int64_t)es;
+  t = lks_tensor_2d(b, 0, st->dtype, nr, nc);
+  t.ld = (int64_t)(ld_bytes / es);
+  return t;
+}
+
+// A replicated tensor: all of it.
+static lks_tensor bind(lks_model *m, bool mtp, const char *name, int64_t rows, int64_t cols,
+                       bool required) {
+  const lks_st_tensor *st = lookup(m, name, rows, cols, required);
+  return wrap(m, mtp, st, 0, rows ? rows : 1, 0, cols);
+}
+
+// A row shard [r0, r0 + nr) of a [rows, cols] tensor, or of the elements of a 1-D one (rows 0).
+static lks_tensor bind_rows(lks_model *m, bool mtp, const char *name, int64_t rows, int64_t cols,
+                            int64_t r0, int64_t nr) {
+  const lks_st_tensor *st = lookup(m, name, rows, cols, true);
+  if (!rows) return wrap(m, mtp, st, 0, 1, r0, nr);
+  return wrap(m, mtp, st, r0, nr, 0, cols);
+}
+
+// A column shard [c0, c0 + nc) of a [rows, cols] tensor.
+static lks_tensor bind_cols(lks_model *m, bool mtp, const char *name, int64_t rows, int64_t cols,
+                            int64_t c0, int64_t nc) {
+  const lks_st_tensor *st = lookup(m, name, rows, cols, true);
+  return wrap(m, mtp, st, 0, rows, c0, nc);
+}
+
+// A SwiGLU FFN whose intermediate rows [i0, i0 + ni) of `inter` are this rank's: gate and up by
+// rows, down by columns. ni == inter binds it whole (a routed expert, or world 1).
+static void bind_ffn(lks_model *m, bool mtp, const char *prefix, int inter, int i0, int ni,
+                     ffn_w *f) {
   char n[256];
   int H = m->cfg.hidden;
   snprintf(n, sizeof n, "%s.gate_proj.weight", prefix);
-  f->gate = bind(m, mtp, n, inter, H, true);
+  f->gate = bind_rows(m, mtp, n, inter, H, i0, ni);
   snprintf(n, sizeof n, "%s.up_proj.weight", prefix);
-  f->up = bind(m, mtp, n, inter, H, true);
+  f->up = bind_rows(m, mtp, n, inter, H, i0, ni);
   snprintf(n, sizeof n, "%s.down_proj.weight", prefix);
-  f->down = bind(m, mtp, n, H, inter, true);
+  f->down = bind_cols(m, mtp, n, H, inter, i0, ni);
 }
 
 static int bind_layer(lks_model *m, int l) {
   const lks_config *c = &m->cfg;
+  const shard *sh = &m->sh;
   bool mtp = l >= c->n_layers;
   layer_w *L = &m->layers[l];
-  int H = c->hidden, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+  int H = c->hidden, hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
+  int q0 = sh->h0 * hd, nq = sh->n_heads * hd, k0 = sh->kv0 * hd, nk = sh->n_kv * hd;
   char n[256];
 #define NAME(fmt) (snprintf(n, sizeof n, "model.layers.%d." fmt, l), n)
   L->ln1 = bind(m, mtp, NAME("input_layernorm.weight"), 0, H, true);
   L->ln2 = bind(m, mtp, NAME("post_attention_layernorm.weight"), 0, H, true);
-  L->wq = bind(m, mtp, NAME("self_attn.q_proj.weight"), qd, H, true);
-  L->wk = bind(m, mtp, NAME("self_attn.k_proj.weight"), kvd, H, true);
-  L->wv = bind(m, mtp, NAME("self_attn.v_proj.weight"), kvd, H, true);
-  L->wo = bind(m, mtp, NAME("self_attn.o_proj.weight"), H, qd, true);
+  L->wq = bind_rows(m, mtp, NAME("self_attn.q_proj.weight"), qd, H, q0, nq);
+  L->wk = bind_rows(m, mtp, NAME("self_attn.k_proj.weight"), kvd, H, k0, nk);
+  L->wv = bind_rows(m, mtp, NAME("self_attn.v_proj.weight"), kvd, H, k0, nk);
+  L->wo = bind_cols(m, mtp, NAME("self_attn.o_proj.weight"), H, qd, q0, nq);
   if (c->attn_bias) {
-    L->bq = bind(m, mtp, NAME("self_attn.q_proj.bias"), 0, qd, true);
-    L->bk = bind(m, mtp, NAME("self_attn.k_proj.bias"), 0, kvd, true);
-    L->bv = bind(m, mtp, NAME("self_attn.v_proj.bias"), 0, kvd, true);
+    L->bq = bind_rows(m, mtp, NAME("self_attn.q_proj.bias"), 0, qd, q0, nq);
+    L->bk = bind_rows(m, mtp, NAME("self_attn.k_proj.bias"), 0, kvd, k0, nk);
+    L->bv = bind_rows(m, mtp, NAME("self_attn.v_proj.bias"), 0, kvd, k0, nk);
   }
   if (c->qk_norm) {
-    L->q_norm = bind(m, mtp, NAME("self_attn.q_norm.weight"), 0, c->head_dim, true);
-    L->k_norm = bind(m, mtp, NAME("self_attn.k_norm.weight"), 0, c->head_dim, true);
+    L->q_norm = bind(m, mtp, NAME("self_attn.q_norm.weight"), 0, hd, true);
+    L->k_norm = bind(m, mtp, NAME("self_attn.k_norm.weight"), 0, hd, true);
   }
   // The MTP layer is always an MoE layer (GLM's nextn layer follows the last, MoE, layer).
   L->moe = mtp || l >= c->first_dense;
   if (!L->moe) {
     snprintf(n, sizeof n, "model.layers.%d.mlp", l);
-    bind_ffn(m, mtp, n, c->inter, &L->dense);
+    bind_ffn(m, mtp, n, c->inter, sh->inter0, sh->inter, &L->dense);
   } else {
     L->router = bind(m, mtp, NAME("mlp.gate.weight"), c->n_experts, H, true);
     L->e_bias = bind(m, mtp, NAME("mlp.gate.e_score_correction_bias"), 0, c->n_experts, true);
     L->experts = calloc((size_t)c->n_experts, sizeof *L->experts);
     if (!L->experts) return lks_set_error(LKS_ENOMEM, "out of memory");
-    for (int e = 0; e < c->n_experts; e++) {
+    for (int e = sh->e0; e < sh->e0 + sh->n_experts; e++) {
       snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d", l, e);
-      bind_ffn(m, mtp, n, c->moe_inter, &L->experts[e]);
+      bind_ffn(m, mtp, n, c->moe_inter, 0, c->moe_inter, &L->experts[e]);
     }
     if (c->n_shared > 0) {
       snprintf(n, sizeof n, "model.layers.%d.mlp.shared_experts", l);
-      bind_ffn(m, mtp, n, c->moe_inter * c->n_shared, &L->shared);
+      bind_ffn(m, mtp, n, c->moe_inter * c->n_shared, sh->sh0, sh->shared, &L->shared);
     }
   }
   if (mtp) {
@@ -188,16 +250,73 @@ static int bind_layer(lks_model *m, int l) {
   return 0;
 }
 
+int lks_model_check_split(const lks_config *c, int W) {
+  if (W < 1) return lks_set_error(LKS_ECONFIG, "world size %d", W);
+  struct {
+    const char *field;
+    int v;
+  } must[] = {{"num_attention_heads", c->n_heads}, {"n_routed_experts", c->n_experts},
+              {"intermediate_size", c->inter},
+              {"moe_intermediate_size * n_shared_experts", c->moe_inter * c->n_shared}};
+  for (size_t i = 0; i < sizeof must / sizeof must[0]; i++)
+    if (must[i].v % W)
+      return lks_set_error(LKS_ECONFIG, "cannot split the model %d ways: %s = %d is not divisible by %d",
+                           W, must[i].field, must[i].v, W);
+  if (c->vocab <= (W - 1) * ((c->vocab + W - 1) / W))
+    return lks_set_error(LKS_ECONFIG, "cannot split the model %d ways: vocab_size = %d is too small",
+                         W, c->vocab);
+  // KV heads split with the query heads, or each rank's query heads share one KV head.
+  int per_rank = c->n_heads / W, group = c->n_heads / c->n_kv_heads;
+  if (c->n_kv_heads % W && group % per_rank)
+    return lks_set_error(LKS_ECONFIG,
+                         "cannot split the model %d ways: num_key_value_heads = %d is not divisible "
+                         "by %d and a rank's %d query heads span several KV heads",
+                         W, c->n_kv_heads, W, per_rank);
+  return 0;
+}
+
+static void plan_shard(const lks_config *c, int rank, int W, shard *sh) {
+  sh->rank = rank;
+  sh->world = W;
+  sh->n_heads = c->n_heads / W;
+  sh->h0 = rank * sh->n_heads;
+  if (c->n_kv_heads % W == 0) {
+    sh->n_kv = c->n_kv_heads / W;
+    sh->kv0 = rank * sh->n_kv;
+  } else {
+    sh->n_kv = 1;
+    sh->kv0 = sh->h0 / (c->n_heads / c->n_kv_heads);
+  }
+  sh->n_experts = c->n_experts / W;
+  sh->e0 = rank * sh->n_experts;
+  sh->inter = c->inter / W;
+  sh->inter0 = rank * sh->inter;
+  sh->shared = c->moe_inter * c->n_shared / W;
+  sh->sh0 = rank * sh->shared;
+  sh->vocab_block = (c->vocab + W - 1) / W;
+  sh->v0 = rank * sh->vocab_block < c->vocab ? rank * sh->vocab_block : c->vocab;
+  int v1 = sh->v0 + sh->vocab_block < c->vocab ? sh->v0 + sh->vocab_block : c->vocab;
+  sh->vocab = v1 - sh->v0;
+}
+
 lks_model *lks_model_load(const char *dir, lks_backend *be, lks_problem_fn fn, void *ctx) {
+  return lks_model_load_shard(dir, be, NULL, fn, ctx);
+}
+
+lks_model *lks_model_load_shard(const char *dir, lks_backend *be, lks_comm *comm,
+                                lks_problem_fn fn, void *ctx) {
   lks_model *m = calloc(1, sizeof *m);
   if (!m) return NULL;
   m->be = be;
+  m->comm = comm && comm->world > 1 ? comm : NULL;
   m->problem = fn;
   m->problem_ctx = ctx;
-  if (lks_config_load(dir, &m->cfg) < 0) {
+  int rank = m->comm ? comm->rank : 0, world = m->comm ? comm->world : 1;
+  if (lks_config_load(dir, &m->cfg) < 0 || lks_model_check_split(&m->cfg, world) < 0) {
     if (fn) fn(ctx, lks_last_error());
     goto fail;
   }
+  plan_shard(&m->cfg, rank, world, &m->sh);
   m->st = lks_safetensors_open(dir);
   if (!m->st) {
     if (fn) fn(ctx, lks_last_error());
@@ -206,7 +325,7 @@ lks_model *lks_model_load(const char *dir, lks_backend *be, lks_problem_fn fn, v
   const lks_config *c = &m->cfg;
   m->embed = bind(m, false, "model.embed_tokens.weight", c->vocab, c->hidden, true);
   m->norm = bind(m, false, "model.norm.weight", 0, c->hidden, true);
-  m->lm_head = bind(m, false, "lm_head.weight", c->vocab, c->hidden, true);
+  m->lm_head = bind_rows(m, false, "lm_head.weight", c->vocab, c->hidden, m->sh.v0, m->sh.vocab);
   int n_layers = c->n_layers + c->n_mtp;
   m->layers = calloc((size_t)n_layers, sizeof *m->layers);
   if (!m->layers) goto fail;
@@ -219,11 +338,20 @@ lks_model *lks_model_load(const char *dir, lks_backend *be, lks_problem_fn fn, v
                   m->n_problems > 1 ? "s" : "", first);
     goto fail;
   }
+  if (m->comm)
+    LKS_LOG(LKS_LOG_INFO,
+            "shard %d/%d: heads [%d, %d), kv heads [%d, %d), experts [%d, %d), vocab [%d, %d); "
+            "%.1f MB of weights",
+            rank, world, m->sh.h0, m->sh.h0 + m->sh.n_heads, m->sh.kv0, m->sh.kv0 + m->sh.n_kv,
+            m->sh.e0, m->sh.e0 + m->sh.n_experts, m->sh.v0, m->sh.v0 + m->sh.vocab,
+            m->weight_bytes / 1e6);
   return m;
 fail:
   lks_model_free(m);
   return NULL;
 }
+
+int64_t lks_model_loaded_bytes(const lks_model *m) { return m->weight_bytes; }
 
 static void free_acts(lks_model *m) {
   lks_buf **b[] = {&m->a.x,   &m->a.h,      &m->a.q,    &m->a.k,    &m->a.v,
@@ -250,6 +378,7 @@ void lks_model_free(lks_model *m) {
   free(m->exp_w);
   free(m->exp_count);
   free(m->slots);
+  free(m->gather_buf);
   free(m);
 }
 
@@ -259,8 +388,8 @@ lks_backend *lks_model_backend(const lks_model *m) { return m->be; }
 
 lks_kv_cache *lks_model_kv_new(const lks_model *m, bool mtp, int block_size, int n_blocks,
                                int max_seqs, int max_seq_len) {
-  return lks_kv_new(m->be, mtp ? m->cfg.n_mtp : m->cfg.n_layers, m->cfg.n_kv_heads,
-                    m->cfg.head_dim, block_size, n_blocks, max_seqs, max_seq_len);
+  return lks_kv_new(m->be, mtp ? m->cfg.n_mtp : m->cfg.n_layers, m->sh.n_kv, m->cfg.head_dim,
+                    block_size, n_blocks, max_seqs, max_seq_len);
 }
 
 // Makes the activation buffers hold n rows.
@@ -270,7 +399,7 @@ static int reserve(lks_model *m, int n) {
   const lks_config *c = &m->cfg;
   lks_backend *be = m->be;
   size_t f = sizeof(float), H = (size_t)c->hidden, N = (size_t)n;
-  size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+  size_t qd = (size_t)m->sh.n_heads * c->head_dim, kvd = (size_t)m->sh.n_kv * c->head_dim;
   struct {
     lks_buf **b;
     size_t bytes;
@@ -278,8 +407,8 @@ static int reserve(lks_model *m, int n) {
       {&m->a.x, N * H * f},       {&m->a.h, N * H * f},       {&m->a.q, N * qd * f},
       {&m->a.k, N * kvd * f},     {&m->a.v, N * kvd * f},     {&m->a.att, N * qd * f},
       {&m->a.rl, N * (size_t)c->n_experts * f},               {&m->a.hid, N * H * f},
-      {&m->a.logits, N * (size_t)c->vocab * f},               {&m->a.ucat, N * 2 * H * f},
-      {&m->a.carry, N * H * f},   {&m->a.mlogits, N * (size_t)c->vocab * f},
+      {&m->a.logits, N * (size_t)m->sh.vocab * f},            {&m->a.ucat, N * 2 * H * f},
+      {&m->a.carry, N * H * f},   {&m->a.mlogits, N * (size_t)m->sh.vocab * f},
   };
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
     *want[i].b = be->ops->buf_alloc(be, want[i].bytes);
@@ -332,10 +461,12 @@ static int moe(lks_model *m, const layer_w *L, lks_tensor x, lks_tensor h, int n
     m->exp_rows[at] = i / c->top_k;
     m->exp_w[at] = m->route_w[i];
   }
-  // cnt[e] now holds the end of expert e's range; its start is the previous end.
+  // cnt[e] now holds the end of expert e's range; its start is the previous end. Only this
+  // rank's block of experts runs here; the others' contributions arrive in the all-reduce.
+  int e_lo = m->sh.e0, e_hi = m->sh.e0 + m->sh.n_experts;
   for (int e = 0, start = 0; e < c->n_experts; e++) {
     int end = cnt[e];
-    if (end > start) {
+    if (end > start && e >= e_lo && e < e_hi) {
       const ffn_w *f = &L->experts[e];
       LKS_TRY(be->ops->expert(be, x, h, m->exp_rows + start, m->exp_w + start, end - start,
                               f->gate, f->up, f->down));
@@ -348,12 +479,29 @@ static int moe(lks_model *m, const layer_w *L, lks_tensor x, lks_tensor h, int n
   return 0;
 }
 
-// One decoder layer on the residual stream x [n, H].
-static int layer_forward(lks_model *m, const layer_w *L, const lks_kv_layer *kv,
+// Sums the partial results of every rank into x (a no-op at world 1).
+static int allreduce(lks_model *m, lks_tensor x, const char *what, int layer) {
+  if (!m->comm) return 0;
+  lks_comm_where w = {what, layer};
+  void *p = (char *)m->be->ops->buf_ptr(m->be, x.buf) + x.offset;
+  return m->comm->ops->allreduce_sum(m->comm, p, (size_t)(x.rows * x.cols), LKS_F32, w);
+}
+
+// Before a sharded block adds its partial result into the residual x: at world > 1 only rank 0
+// keeps x, the others start from zero, so that the all-reduce adds x exactly once.
+static int partial_start(lks_model *m, lks_tensor x) {
+  if (!m->comm || m->sh.rank == 0) return 0;
+  return m->be->ops->zero(m->be, x);
+}
+
+// One decoder layer on the residual stream x [n, H]: this rank's heads and FFN shard, with one
+// all-reduce after the attention and one after the FFN.
+static int layer_forward(lks_model *m, int l, const layer_w *L, const lks_kv_layer *kv,
                          const lks_attn_rows *rows, const int32_t *pos, int n) {
   const lks_config *c = &m->cfg;
   lks_backend *be = m->be;
-  int H = c->hidden, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+  int H = c->hidden, nh = m->sh.n_heads, nkv = m->sh.n_kv;
+  int qd = nh * c->head_dim, kvd = nkv * c->head_dim;
   lks_tensor x = act(m->a.x, n, H), h = act(m->a.h, n, H);
   lks_tensor q = act(m->a.q, n, qd), k = act(m->a.k, n, kvd), v = act(m->a.v, n, kvd);
   lks_tensor att = act(m->a.att, n, qd);
@@ -362,8 +510,8 @@ static int layer_forward(lks_model *m, const layer_w *L, const lks_kv_layer *kv,
   LKS_TRY(be->ops->matmul(be, k, h, L->wk, L->bk, false));
   LKS_TRY(be->ops->matmul(be, v, h, L->wv, L->bv, false));
   if (c->qk_norm) {
-    lks_tensor qh = lks_tensor_reshape(q, (int64_t)n * c->n_heads, c->head_dim);
-    lks_tensor kh = lks_tensor_reshape(k, (int64_t)n * c->n_kv_heads, c->head_dim);
+    lks_tensor qh = lks_tensor_reshape(q, (int64_t)n * nh, c->head_dim);
+    lks_tensor kh = lks_tensor_reshape(k, (int64_t)n * nkv, c->head_dim);
     LKS_TRY(be->ops->rmsnorm(be, qh, qh, L->q_norm, c->eps));
     LKS_TRY(be->ops->rmsnorm(be, kh, kh, L->k_norm, c->eps));
   }
@@ -372,12 +520,18 @@ static int layer_forward(lks_model *m, const layer_w *L, const lks_kv_layer *kv,
     LKS_TRY(be->ops->rope(be, k, c->head_dim, c->rot_dims, c->rope_theta, LKS_ROPE_HALF_SPLIT, pos));
   }
   LKS_TRY(be->ops->kv_store(be, kv, k, v, rows));
-  LKS_TRY(be->ops->attention(be, att, q, kv, rows, c->n_heads, 1.0f / sqrtf((float)c->head_dim)));
+  LKS_TRY(be->ops->attention(be, att, q, kv, rows, nh, 1.0f / sqrtf((float)c->head_dim)));
   lks_tensor none = {0};
+  LKS_TRY(partial_start(m, x));
   LKS_TRY(be->ops->matmul(be, x, att, L->wo, none, true));
+  LKS_TRY(allreduce(m, x, "attention", l));
   LKS_TRY(be->ops->rmsnorm(be, h, x, L->ln2, c->eps));
-  if (L->moe) return moe(m, L, x, h, n);
-  return be->ops->expert(be, x, h, NULL, NULL, n, L->dense.gate, L->dense.up, L->dense.down);
+  LKS_TRY(partial_start(m, x));
+  if (L->moe)
+    LKS_TRY(moe(m, L, x, h, n));
+  else
+    LKS_TRY(be->ops->expert(be, x, h, NULL, NULL, n, L->dense.gate, L->dense.up, L->dense.down));
+  return allreduce(m, x, L->moe ? "moe" : "ffn", l);
 }
 
 static int check_batch(const lks_model *m, const lks_batch *b) {
@@ -405,14 +559,14 @@ int lks_model_forward(lks_model *m, lks_kv_cache *kv, const lks_batch *b, lks_te
   lks_tensor x = act(m->a.x, n, c->hidden);
   LKS_TRY(be->ops->embed(be, x, m->embed, b->tokens));
   for (int l = 0; l < c->n_layers; l++)
-    LKS_TRY(layer_forward(m, &m->layers[l], lks_kv_layer_at(kv, l), &rows, b->pos, n));
+    LKS_TRY(layer_forward(m, l, &m->layers[l], lks_kv_layer_at(kv, l), &rows, b->pos, n));
   lks_tensor hid = act(m->a.hid, n, c->hidden);
   LKS_TRY(be->ops->rmsnorm(be, hid, x, m->norm, c->eps));
   if (hidden) *hidden = hid;
   if (logits && b->n_out > 0) {
     lks_tensor sel = act(m->a.h, b->n_out, c->hidden);
     LKS_TRY(be->ops->gather_rows(be, sel, hid, b->out_rows));
-    lks_tensor out = act(m->a.logits, b->n_out, c->vocab);
+    lks_tensor out = act(m->a.logits, b->n_out, m->sh.vocab);
     lks_tensor none = {0};
     LKS_TRY(be->ops->matmul(be, out, sel, m->lm_head, none, false));
     *logits = out;
@@ -447,14 +601,55 @@ int lks_model_mtp(lks_model *m, lks_kv_cache *mtp_kv, const lks_batch *b, lks_te
   LKS_TRY(be->ops->rmsnorm(be, h_half, h_in, L->hnorm, c->eps));
   lks_tensor none = {0};
   LKS_TRY(be->ops->matmul(be, x, ucat, L->eh_proj, none, false));
-  LKS_TRY(layer_forward(m, L, lks_kv_layer_at(mtp_kv, 0), &rows, b->pos, n));
+  LKS_TRY(layer_forward(m, c->n_layers, L, lks_kv_layer_at(mtp_kv, 0), &rows, b->pos, n));
   lks_tensor cy = act(m->a.carry, n, H);
   LKS_TRY(be->ops->rmsnorm(be, cy, x, L->head_norm, c->eps));
   if (carry) *carry = cy;
   if (logits) {
-    lks_tensor out = act(m->a.mlogits, n, c->vocab);
+    lks_tensor out = act(m->a.mlogits, n, m->sh.vocab);
     LKS_TRY(be->ops->matmul(be, out, cy, m->lm_head, none, false));
     *logits = out;
+  }
+  return 0;
+}
+
+int lks_model_argmax(lks_model *m, lks_tensor logits, int32_t *idx) {
+  int n = (int)logits.rows;
+  float *val = malloc((size_t)(n > 0 ? n : 1) * sizeof *val);
+  if (!val) return lks_set_error(LKS_ENOMEM, "argmax: out of memory");
+  int rc = m->be->ops->argmax(m->be, logits, idx, val);
+  for (int i = 0; rc == 0 && i < n; i++) idx[i] += m->sh.v0;
+  if (rc == 0 && m->comm) {
+    lks_comm_where w = {"lm_head argmax", -1};
+    rc = m->comm->ops->argmax(m->comm, val, idx, n, w);
+  }
+  free(val);
+  return rc;
+}
+
+int lks_model_logits_host(lks_model *m, lks_tensor logits, float *dst) {
+  if (!m->comm) return lks_tensor_to_host_f32(m->be, dst, logits);
+  // Every rank contributes a padded block of vocab_block columns per row; then compact.
+  int n = (int)logits.rows, blk = m->sh.vocab_block, W = m->sh.world, V = m->cfg.vocab;
+  size_t mine = (size_t)n * blk, need = mine * (size_t)(W + 1);
+  if (need > m->gather_cap) {
+    float *g = realloc(m->gather_buf, need * sizeof *g);
+    if (!g) return lks_set_error(LKS_ENOMEM, "logits gather: out of memory");
+    m->gather_buf = g;
+    m->gather_cap = need;
+  }
+  float *send = m->gather_buf, *recv = m->gather_buf + mine;
+  memset(send, 0, mine * sizeof *send);
+  for (int r = 0; r < n; r++) {
+    lks_tensor row = lks_tensor_rows(logits, r, 1);
+    if (m->sh.vocab) LKS_TRY(lks_tensor_to_host_f32(m->be, send + (size_t)r * blk, row));
+  }
+  lks_comm_where w = {"lm_head gather", -1};
+  LKS_TRY(m->comm->ops->allgather(m->comm, send, recv, mine * sizeof *send, w));
+  for (int k = 0; k < W; k++) {
+    int v0 = k * blk, cnt = v0 + blk <= V ? blk : V - v0;
+    for (int r = 0; cnt > 0 && r < n; r++)
+      memcpy(dst + (size_t)r * V + v0, recv + ((size_t)k * n + r) * blk, (size_t)cnt * sizeof *dst);
   }
   return 0;
 }
@@ -474,12 +669,13 @@ static void layer_cost(const lks_model *m, const layer_w *L, int64_t *bytes, int
     *params += tnum(fixed[i]);
   }
   if (L->moe && L->experts) {
-    // top_k experts per token; the average expert's size (they are all the same shape).
-    const ffn_w *f = &L->experts[0];
+    // top_k experts per token, of which this rank holds n_experts / E on average (all experts
+    // have the same shape).
+    const ffn_w *f = &L->experts[m->sh.e0];
     int64_t eb = tbytes(f->gate) + tbytes(f->up) + tbytes(f->down);
     int64_t ep = tnum(f->gate) + tnum(f->up) + tnum(f->down);
-    *bytes += eb * m->cfg.top_k;
-    *params += ep * m->cfg.top_k;
+    *bytes += eb * m->cfg.top_k * m->sh.n_experts / m->cfg.n_experts;
+    *params += ep * m->cfg.top_k * m->sh.n_experts / m->cfg.n_experts;
   }
 }
 
@@ -500,5 +696,5 @@ void lks_model_stats_get(const lks_model *m, lks_model_stats *s) {
     layer_cost(m, &m->layers[c->n_layers], &mb, &mp);
     s->bytes_mtp_step = mb + tbytes(m->lm_head) + m->embed.cols * (int64_t)lks_dtype_size(m->embed.dtype);
   }
-  s->kv_bytes_per_pos = (int64_t)c->n_layers * 2 * c->n_kv_heads * c->head_dim * (int64_t)sizeof(float);
+  s->kv_bytes_per_pos = (int64_t)c->n_layers * 2 * m->sh.n_kv * c->head_dim * (int64_t)sizeof(float);
 }

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "core/backend.h"
+#include "core/comm.h"
 #include "model/config.h"
 #include "model/kv_cache.h"
 
@@ -37,6 +38,18 @@ typedef void (*lks_problem_fn)(void *ctx, const char *problem);
 // shape against config.json. With a `problem` callback every problem is reported (lockstep
 // inspect); the load fails if there is any. NULL on failure, with lks_last_error().
 lks_model *lks_model_load(const char *dir, lks_backend *be, lks_problem_fn problem, void *ctx);
+
+// Loads this rank's shard (DESIGN.md section 5) for comm->rank of comm->world: its attention
+// heads and KV heads, its rows / columns of the dense FFN and shared expert, its contiguous block
+// of routed experts, its vocabulary rows of lm_head; the rest replicated. Only those bytes are
+// mapped into backend buffers. Shapes that cannot be split comm->world ways are refused with a
+// message naming the field. The model keeps `comm` (not owned) for its collectives: every
+// forward is then a collective call that every rank must make in the same order.
+lks_model *lks_model_load_shard(const char *dir, lks_backend *be, lks_comm *comm,
+                                lks_problem_fn problem, void *ctx);
+
+// Checks that cfg can be split `world` ways; 0 or LKS_ECONFIG naming the field.
+int lks_model_check_split(const lks_config *cfg, int world);
 void lks_model_free(lks_model *m);
 const lks_config *lks_model_config(const lks_model *m);
 bool lks_model_has_mtp(const lks_model *m);
@@ -46,8 +59,10 @@ lks_backend *lks_model_backend(const lks_model *m);
 lks_kv_cache *lks_model_kv_new(const lks_model *m, bool mtp, int block_size, int n_blocks,
                                int max_seqs, int max_seq_len);
 
-// Target forward. *logits: [n_out, V] f32. *hidden: [n, H], the final-normed hidden state of
-// every row (what fed lm_head; the MTP input). Either output pointer may be NULL.
+// Target forward. *logits: [n_out, V_local] f32, this rank's vocabulary rows (all of them at
+// world 1; see lks_model_argmax / lks_model_logits_host). *hidden: [n, H], the final-normed
+// hidden state of every row (what fed lm_head; the MTP input), the same on every rank. Either
+// output pointer may be NULL. A collective at world > 1.
 int lks_model_forward(lks_model *m, lks_kv_cache *kv, const lks_batch *b, lks_tensor *logits,
                       lks_tensor *hidden);
 
@@ -57,6 +72,16 @@ int lks_model_forward(lks_model *m, lks_kv_cache *kv, const lks_batch *b, lks_te
 // *carry: [n, H], shared_head.norm(z), the hidden for a chained step (may alias h_in).
 int lks_model_mtp(lks_model *m, lks_kv_cache *mtp_kv, const lks_batch *b, lks_tensor h_in,
                   lks_tensor *logits, lks_tensor *carry);
+
+// Greedy tokens of each row of `logits` (from lks_model_forward / lks_model_mtp): the global
+// arg-max over the vocabulary shards (ties: the lowest id), into host idx[logits.rows].
+// A collective at world > 1.
+int lks_model_argmax(lks_model *m, lks_tensor logits, int32_t *idx);
+// All V logits of each row, on every rank, into host dst [logits.rows, V]. A collective.
+int lks_model_logits_host(lks_model *m, lks_tensor logits, float *dst);
+
+// Bytes of weights this rank holds (its share; the whole model at world 1).
+int64_t lks_model_loaded_bytes(const lks_model *m);
 
 // Per-token accounting of a model (for inspect and bench).
 typedef struct lks_model_stats {

@@ -1,0 +1,221 @@
+// SPDX-License-Identifier: MIT
+// Tensor- and expert-parallel shards against the whole model, under mpirun.
+//
+// usage: mpirun -np N test_shard MODEL_DIR
+//
+// Every rank loads its shard (world N, MPI collectives) and, in the same process, the whole model
+// (world 1). Both run the same prefill, decode steps and MTP steps on the same inputs; the test
+// checks, on every rank: greedy tokens identical, logits within 1e-4 of world 1 (max|diff| /
+// max|ref|), MTP drafts identical; exactly two all-reduces per layer per forward; and that the
+// bytes the rank loaded are within 5% of its share (replicated tensors + 1/N of the rest),
+// computed here from the safetensors file by tensor name, independently of the loader. (With
+// fewer KV heads than ranks, each rank holds the one KV head its query heads read.)
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "core/comm.h"
+#include "core/error.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+
+static int failures, rank;
+
+static void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void check(bool ok, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  printf("[rank %d] %-70s %s\n", rank, msg, ok ? "ok" : "FAIL");
+  failures += !ok;
+}
+
+#define TRY(x)                                                                          \
+  do {                                                                                  \
+    if ((x) < 0) {                                                                      \
+      fprintf(stderr, "[rank %d] %s:%d: %s: %s\n", rank, __FILE__, __LINE__, #x, lks_last_error()); \
+      lks_mpi_abort(1);                                                                 \
+    }                                                                                   \
+  } while (0)
+
+static double rel_err(const float *a, const float *ref, size_t n) {
+  double md = 0, mr = 0;
+  for (size_t i = 0; i < n; i++) {
+    double d = fabs((double)a[i] - ref[i]);
+    if (!(d <= md)) md = d;
+    if (fabs(ref[i]) > mr) mr = fabs(ref[i]);
+  }
+  return mr > 0 ? md / mr : md;
+}
+
+// Bytes that every rank holds whole (DESIGN.md section 5: embedding, norms, router, MTP's
+// enorm/hnorm/eh_proj); the rest is split N ways.
+static bool replicated(const char *name) {
+  const char *pats[] = {"embed_tokens", "norm.weight", "layernorm", "mlp.gate.weight",
+                        "e_score_correction_bias", "eh_proj"};
+  for (size_t i = 0; i < sizeof pats / sizeof pats[0]; i++)
+    if (strstr(name, pats[i])) return true;
+  return false;
+}
+
+typedef struct {
+  lks_model *m;
+  lks_kv_cache *kv, *mkv;
+} side;
+
+int main(int argc, char **argv) {
+  int world;
+  if (lks_mpi_init(&argc, &argv, &rank, &world) < 0 || argc != 2) {
+    fprintf(stderr, "usage: mpirun -np N %s MODEL_DIR\n", argv[0]);
+    return 2;
+  }
+  lks_backend *be = lks_backend_new("cpu", 1);
+  lks_comm *comm = world > 1 ? lks_comm_mpi_new(60) : lks_comm_local_new();
+  side s[2];  // 0: this rank's shard, 1: the whole model
+  s[0].m = lks_model_load_shard(argv[1], be, comm, NULL, NULL);
+  s[1].m = lks_model_load(argv[1], be, NULL, NULL);
+  if (!s[0].m || !s[1].m) {
+    fprintf(stderr, "[rank %d] cannot load: %s\n", rank, lks_last_error());
+    lks_mpi_abort(1);
+  }
+  const lks_config *c = lks_model_config(s[1].m);
+  int V = c->vocab, H = c->hidden, P = 24, G = 12, len = P + G + 4;
+  for (int k = 0; k < 2; k++) {
+    s[k].kv = lks_model_kv_new(s[k].m, false, 8, (len + 7) / 8, 1, len);
+    s[k].mkv = c->n_mtp ? lks_model_kv_new(s[k].m, true, 8, (len + 7) / 8, 1, len) : NULL;
+    TRY(lks_kv_seq_alloc(s[k].kv));
+    if (s[k].mkv) TRY(lks_kv_seq_alloc(s[k].mkv));
+  }
+
+  // Loaded bytes against the share computed from the files.
+  lks_safetensors *st = lks_safetensors_open(argv[1]);
+  double rep = 0, split = 0;
+  for (int i = 0; i < lks_safetensors_count(st); i++) {
+    const lks_st_tensor *t = lks_safetensors_at(st, i);
+    // The MTP layer's optional own head / embedding are never loaded (MODEL.md section 2).
+    bool unused = (strstr(t->name, "shared_head.head") != NULL) ||
+                  (strstr(t->name, "model.layers.") && strstr(t->name, "embed_tokens"));
+    if (unused) continue;
+    if (replicated(t->name)) rep += (double)t->nbytes;
+    else if ((strstr(t->name, "k_proj") || strstr(t->name, "v_proj")) && c->n_kv_heads % world)
+      rep += (double)t->nbytes / c->n_kv_heads;  // fewer KV heads than ranks: one head each
+    else split += (double)t->nbytes;
+  }
+  double share = rep + split / world, got = (double)lks_model_loaded_bytes(s[0].m);
+  check(fabs(got - share) <= 0.05 * share, "loaded %.0f bytes, share %.0f (%.2f%%)", got, share,
+        100.0 * (got - share) / share);
+  lks_safetensors_close(st);
+
+  // The same inputs on every rank.
+  int32_t *tok = malloc((size_t)len * sizeof *tok), *pos = malloc((size_t)len * sizeof *pos);
+  int32_t *seq = calloc((size_t)len, sizeof *seq), *rows = malloc((size_t)len * sizeof *rows);
+  float *lg[2], *mt[2];
+  for (int k = 0; k < 2; k++) {
+    lg[k] = malloc((size_t)P * V * sizeof(float));
+    mt[k] = malloc((size_t)P * V * sizeof(float));
+  }
+  uint64_t x = 12345;
+  for (int i = 0; i < len; i++) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    tok[i] = (int32_t)((x >> 33) % (uint64_t)V);
+    pos[i] = rows[i] = i;
+  }
+  int32_t g[2][64];
+  lks_tensor hid[2];
+  uint64_t ar0 = comm->stats.allreduce;
+  for (int k = 0; k < 2; k++) {
+    TRY(lks_kv_seq_resize(s[k].kv, 0, P));
+    lks_batch b = {P, tok, pos, seq, P, rows};
+    lks_tensor l;
+    TRY(lks_model_forward(s[k].m, s[k].kv, &b, &l, &hid[k]));
+    TRY(lks_model_logits_host(s[k].m, l, lg[k]));
+    int32_t last = P - 1;
+    lks_tensor lastrow = lks_tensor_rows(l, last, 1);
+    TRY(lks_model_argmax(s[k].m, lastrow, &g[k][0]));
+    if (k == 0) {
+      uint64_t n_ar = comm->stats.allreduce - ar0;
+      check(world == 1 || n_ar == 2 * (uint64_t)c->n_layers,
+            "prefill: %llu all-reduces for %d layers", (unsigned long long)n_ar, c->n_layers);
+    }
+  }
+  double e = rel_err(lg[0], lg[1], (size_t)P * V);
+  check(e <= 1e-4, "prefill logits rel err %.2e vs world 1", e);
+  // Decode: greedy on each side independently; the tokens must agree.
+  int same = g[0][0] == g[1][0];
+  for (int i = 1; i < G; i++) {
+    for (int k = 0; k < 2; k++) {
+      int p = P + i - 1;
+      TRY(lks_kv_seq_resize(s[k].kv, 0, p + 1));
+      int32_t zero = 0;
+      lks_batch d = {1, &g[k][i - 1], &pos[p], seq, 1, &zero};
+      lks_tensor l;
+      uint64_t before = comm->stats.allreduce;
+      TRY(lks_model_forward(s[k].m, s[k].kv, &d, &l, NULL));
+      if (k == 0 && i == 1)
+        check(world == 1 || comm->stats.allreduce - before == 2 * (uint64_t)c->n_layers,
+              "decode step: %llu all-reduces for %d layers",
+              (unsigned long long)(comm->stats.allreduce - before), c->n_layers);
+      TRY(lks_model_argmax(s[k].m, l, &g[k][i]));
+    }
+    same += g[0][i] == g[1][i];
+  }
+  check(same == G, "greedy decode: %d of %d tokens equal to world 1", same, G);
+
+  // MTP: first drafts over the prompt from each side's own hiddens, then a chain of 3.
+  if (c->n_mtp) {
+    int n = P - 1;
+    int32_t d[2][3];
+    for (int k = 0; k < 2; k++) {
+      TRY(lks_kv_seq_resize(s[k].mkv, 0, n));
+      lks_batch b = {n, tok + 1, pos, seq, n, rows};
+      lks_tensor l, carry;
+      uint64_t before = comm->stats.allreduce;
+      TRY(lks_model_mtp(s[k].m, s[k].mkv, &b, lks_tensor_rows(hid[k], 0, n), &l, &carry));
+      if (k == 0)
+        check(world == 1 || comm->stats.allreduce - before == 2, "MTP step: %llu all-reduces",
+              (unsigned long long)(comm->stats.allreduce - before));
+      TRY(lks_model_logits_host(s[k].m, l, mt[k]));
+      lks_tensor last = lks_tensor_rows(l, n - 1, 1);
+      TRY(lks_model_argmax(s[k].m, last, &d[k][0]));
+      for (int j = 1; j < 3; j++) {
+        int32_t p = n - 1 + j, zero = 0;
+        TRY(lks_kv_seq_resize(s[k].mkv, 0, p + 1));
+        lks_batch cb = {1, &d[k][j - 1], &p, seq, 1, &zero};
+        TRY(lks_model_mtp(s[k].m, s[k].mkv, &cb, lks_tensor_rows(carry, carry.rows - 1, 1), &l,
+                          &carry));
+        TRY(lks_model_argmax(s[k].m, l, &d[k][j]));
+      }
+    }
+    e = rel_err(mt[0], mt[1], (size_t)n * V);
+    check(e <= 1e-4, "MTP first-draft logits rel err %.2e vs world 1", e);
+    check(!memcmp(d[0], d[1], sizeof d[0]), "MTP chained drafts %d %d %d (world 1: %d %d %d)",
+          d[0][0], d[0][1], d[0][2], d[1][0], d[1][1], d[1][2]);
+  }
+  (void)H;
+  // Every rank's verdict, so that rank 0's exit status covers all.
+  int64_t bad = failures;
+  lks_comm_where w = {"test", -1};
+  if (world > 1) TRY(comm->ops->vote_max(comm, &bad, w));
+  for (int k = 0; k < 2; k++) {
+    lks_kv_free(s[k].kv);
+    lks_kv_free(s[k].mkv);
+    lks_model_free(s[k].m);
+    free(lg[k]);
+    free(mt[k]);
+  }
+  free(tok);
+  free(pos);
+  free(seq);
+  free(rows);
+  lks_comm_free(comm);
+  lks_backend_free(be);
+  lks_mpi_finalize();
+  if (rank == 0) printf("%s\n", bad ? "FAILED" : "all shard checks passed");
+  return bad ? 1 : 0;
+}
