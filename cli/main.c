@@ -18,6 +18,10 @@ static void usage(FILE *f) {
           "usage: lockstep COMMAND [options]\n\n"
           "commands:\n"
           "  generate [--model DIR] --prompt-ids 11,42,7 [-n 32]   greedy or sampled continuation\n"
+          "  generate [--model DIR] --prompt TEXT | --chat MESSAGE [--system TEXT] [--no-think]\n"
+          "                                                     the same from text, printed as text\n"
+          "  tokenize DIR TEXT                                  token ids of TEXT (DIR/tokenizer.json)\n"
+          "  detokenize DIR 1,2,3                               text of the ids\n"
           "  inspect DIR                                        architecture, sizes, problems\n"
           "  bench [--model DIR]                                prefill/decode speed vs bandwidth\n\n"
           "options (also LKS_<NAME> in the environment):\n");
@@ -117,6 +121,10 @@ int main(int argc, char **argv) {
     rc = lks_cmd_generate(s);
   } else if (!strcmp(cmd, "inspect") && n_pos <= 1) {
     rc = lks_cmd_inspect(s, n_pos ? pos[0] : lks_cli_model_dir(s));
+  } else if (!strcmp(cmd, "tokenize") && n_pos == 2) {
+    rc = lks_cmd_tokenize(s, pos[0], pos[1]);
+  } else if (!strcmp(cmd, "detokenize") && n_pos == 2) {
+    rc = lks_cmd_detokenize(s, pos[0], pos[1]);
   } else if (!strcmp(cmd, "bench") && n_pos == 0) {
     rc = lks_cmd_bench(s);
   } else {

@@ -11,7 +11,13 @@ pkgs=(
   clang libclang-rt-14-dev      # libFuzzer target and sanitizer runtimes
   python3 python3-numpy         # tests/reference and tools/gen_model.py (run by /usr/bin/python3)
   openmpi-bin libopenmpi-dev    # mpirun, MPI bootstrap and CPU collectives
+  libpcre2-dev libutf8proc-dev  # tokenizer.json: Split regexes (PCRE2), normalizers (utf8proc)
 )
+# node and npm run the tokenizer and chat-template references (tests/tokenizer). A machine may
+# already have them from elsewhere (NodeSource's nodejs bundles npm), so only missing commands
+# bring in Debian's packages.
+command -v node >/dev/null 2>&1 || pkgs+=(nodejs)
+command -v npm >/dev/null 2>&1 || pkgs+=(npm)
 
 missing=()
 for p in "${pkgs[@]}"; do
