@@ -1,21 +1,18 @@
 // SPDX-License-Identifier: MIT
 // `lockstep generate`: one sequence, prefill the prompt in one forward, then decode one token per
-// forward, printing each token id as soon as it is chosen. Stops after -n tokens or at an eos
-// id of the model (unless --ignore-eos).
+// forward, printing each token as soon as it is chosen. Stops after -n tokens or at an eos id
+// of the model (unless --ignore-eos). The prompt and the printing (ids, or text for --prompt /
+// --chat) are cli/text.c's.
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "cli/cli.h"
+#include "cli/text.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "model/sample.h"
 
 int lks_cmd_generate(lks_settings *s) {
-  const char *ids_text = lks_settings_str(s, "prompt-ids");
-  if (!ids_text) {
-    fprintf(stderr, "lockstep generate: --prompt-ids is required (text prompts arrive with the tokenizer)\n");
-    return 2;
-  }
   lks_backend *be;
   lks_model *m;
   if (lks_cli_open(s, &be, &m) < 0) return 1;
@@ -24,11 +21,9 @@ int lks_cmd_generate(lks_settings *s) {
   int32_t *prompt = NULL, *pos = NULL, *seq = NULL;
   float *logits_host = NULL;
   lks_kv_cache *kv = NULL;
-  if (lks_cli_parse_ids(ids_text, c->vocab, &prompt, &n_prompt) < 0) {
-    fprintf(stderr, "lockstep generate: %s\n", lks_last_error());
-    rc = 2;
-    goto done;
-  }
+  lks_cli_text *text = NULL;  // --prompt / --chat: the tokenizer and the text printer
+  if ((rc = lks_cli_prompt(s, c, &text, &prompt, &n_prompt)) != 0) goto done;
+  rc = 1;
   int n_gen = (int)lks_settings_int(s, "n");
   int max_len = (int)lks_settings_int(s, "max-seq-len"), bs = (int)lks_settings_int(s, "kv-block");
   if (n_prompt + n_gen > max_len) {
@@ -65,11 +60,10 @@ int lks_cmd_generate(lks_settings *s) {
     if (produced == n_gen) break;
     int tok = lks_sample(logits_host, c->vocab, &sp, &rng);
     if (tok < 0) goto fail;
-    printf("%s%d", produced ? "," : "", tok);
-    fflush(stdout);
-    produced++;
     bool eos = false;
     for (int i = 0; i < c->n_eos; i++) eos |= tok == c->eos[i];
+    if (lks_cli_print_token(text, tok, produced, eos && !ignore_eos) < 0) goto fail;
+    produced++;
     if ((eos && !ignore_eos) || produced == n_gen) break;
     // Decode: the new token at the next position.
     prompt[0] = tok;
@@ -79,7 +73,7 @@ int lks_cmd_generate(lks_settings *s) {
     b = (lks_batch){.n = 1, .tokens = prompt, .pos = pos, .seq = seq, .n_out = 1, .out_rows = &last};
     if (lks_kv_seq_resize(kv, sid, tok_pos + 1) < 0) goto fail;
   }
-  printf("\n");
+  if (lks_cli_print_end(text) < 0) goto fail;
   double total = lks_now() - t0;
   LKS_LOG(LKS_LOG_INFO, "prefill %d tokens in %.3f s (%.1f tok/s); decode %d tokens in %.3f s (%.2f tok/s)",
           n_prompt, t_prefill, n_prompt / t_prefill, produced > 1 ? produced - 1 : 0,
@@ -89,6 +83,7 @@ int lks_cmd_generate(lks_settings *s) {
 fail:
   fprintf(stderr, "lockstep generate: %s\n", lks_last_error());
 done:
+  lks_cli_text_free(text);
   lks_kv_free(kv);
   free(prompt);
   free(pos);
