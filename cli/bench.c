@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "core/threadpool.h"
 #include "model/sample.h"
+#include "coordinator/world.h"
 
 enum { BW_CHUNK = 4096 };  // floats; the L1-resident vector each chunk is dotted with
 
@@ -68,71 +69,125 @@ static double measure_bandwidth(int threads) {
   return (double)n * sizeof(float) / median(t, 7);
 }
 
+static int submit_forward(lks_world *w, Lockstep__CmdType type, int32_t *tok, int n, int start,
+                          int32_t *next) {
+  Lockstep__SlotTokens st = LOCKSTEP__SLOT_TOKENS__INIT;
+  Lockstep__SlotTokens *seqs[1] = {&st};
+  st.start_pos = (uint32_t)start;
+  st.tokens = tok;
+  st.n_tokens = (size_t)n;
+  st.want_last = true;
+  Lockstep__Forward f = LOCKSTEP__FORWARD__INIT;
+  f.seqs = seqs;
+  f.n_seqs = 1;
+  f.output = LOCKSTEP__OUTPUT_MODE__OUT_GREEDY;
+  Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
+  cmd.type = type;
+  cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_FORWARD;
+  cmd.forward = &f;
+  lks_engine_out out;
+  LKS_TRY(lks_world_submit(w, &cmd, &out));
+  *next = out.tokens[0];
+  return 0;
+}
+
+static int submit_slot(lks_world *w, Lockstep__CmdType type) {
+  uint32_t slot = 0;
+  Lockstep__SlotList sl = LOCKSTEP__SLOT_LIST__INIT;
+  sl.slots = &slot;
+  sl.n_slots = 1;
+  Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
+  cmd.type = type;
+  cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_SLOTS;
+  cmd.slots = &sl;
+  return lks_world_submit(w, &cmd, NULL);
+}
+
+// Round trip of a heartbeat through the control plane (send, worker acks), median over n.
+static double heartbeat_rtt(lks_world *w, int n) {
+  if (!w->ctl) return 0;
+  double *t = malloc((size_t)n * sizeof *t);
+  for (int i = 0; i < n; i++) {
+    Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
+    cmd.type = LOCKSTEP__CMD_TYPE__EP_CMD_HEARTBEAT;
+    double t0 = lks_now();
+    if (lks_world_submit(w, &cmd, NULL) < 0 || lks_ctl_wait_acks(w->ctl, cmd.step_id, 5) < 0) {
+      free(t);
+      return -1;
+    }
+    t[i] = lks_now() - t0;
+  }
+  double m = median(t, n);
+  free(t);
+  return m;
+}
+
 int lks_cmd_bench(lks_settings *s) {
-  lks_backend *be;
-  lks_model *m;
-  if (lks_cli_open(s, &be, &m) < 0) return 1;
-  const lks_config *c = lks_model_config(m);
-  int n_pre = (int)lks_settings_int(s, "prefill-len"), n_dec = (int)lks_settings_int(s, "decode-len");
-  int reps = (int)lks_settings_int(s, "repeats"), bs = (int)lks_settings_int(s, "kv-block");
   int threads = (int)lks_settings_int(s, "threads");
   if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-  int len = n_pre + n_dec, rc = 1;
-  lks_kv_cache *kv = lks_model_kv_new(m, false, bs, (len + bs - 1) / bs, 1, len);
-  int32_t *tok = malloc((size_t)len * sizeof *tok), *pos = malloc((size_t)len * sizeof *pos);
-  int32_t *seq = calloc((size_t)len, sizeof *seq);
-  double *tp = malloc((size_t)reps * sizeof *tp), *td = malloc((size_t)reps * sizeof *td);
-  if (!kv || !tok || !pos || !seq || !tp || !td) {
+  // Measured before the world starts: rank 0 issues no commands while it measures, and workers
+  // treat a silent coordinator as dead after three heartbeats.
+  double bw = getenv("OMPI_COMM_WORLD_RANK") && atoi(getenv("OMPI_COMM_WORLD_RANK")) != 0
+                  ? 0 : measure_bandwidth(threads);
+  lks_world *w = lks_world_start(s, lks_cli_model_dir(s), 1);
+  if (!w) {
     fprintf(stderr, "lockstep bench: %s\n", lks_last_error());
-    goto done;
+    return 1;
+  }
+  if (w->rank != 0) return lks_cli_worker(w);
+  const lks_config *c = lks_model_config(w->model);
+  int n_pre = (int)lks_settings_int(s, "prefill-len"), n_dec = (int)lks_settings_int(s, "decode-len");
+  int reps = (int)lks_settings_int(s, "repeats");
+  int len = n_pre + n_dec, rc = 1;
+  int32_t *tok = malloc((size_t)len * sizeof *tok);
+  double *tp = malloc((size_t)reps * sizeof *tp), *td = malloc((size_t)reps * sizeof *td);
+  double ctl = 0, exec = 0, comm = 0;
+  if (!tok || !tp || !td) goto fail;
+  if (len > (int)lks_settings_int(s, "max-seq-len")) {
+    lks_set_error(LKS_EINVAL, "--prefill-len + --decode-len exceed --max-seq-len");
+    goto fail;
   }
   lks_rng rng;
   lks_rng_seed(&rng, 1);
-  for (int i = 0; i < len; i++) {
-    tok[i] = (int32_t)(lks_rng_next(&rng) % (uint64_t)c->vocab);
-    pos[i] = i;
-  }
+  for (int i = 0; i < len; i++) tok[i] = (int32_t)(lks_rng_next(&rng) % (uint64_t)c->vocab);
   for (int r = 0; r < reps; r++) {
-    int sid = lks_kv_seq_alloc(kv);
-    int32_t last = n_pre - 1;
-    if (sid < 0 || lks_kv_seq_resize(kv, sid, n_pre) < 0) goto fail;
-    lks_batch b = {n_pre, tok, pos, seq, 1, &last};
-    lks_tensor logits;
     int32_t next;
+    if (submit_slot(w, LOCKSTEP__CMD_TYPE__EP_CMD_ALLOC_SLOT) < 0) goto fail;
     double t0 = lks_now();
-    if (lks_model_forward(m, kv, &b, &logits, NULL) < 0) goto fail;
-    if (be->ops->argmax(be, logits, &next, NULL) < 0) goto fail;
+    if (submit_forward(w, LOCKSTEP__CMD_TYPE__EP_CMD_PREFILL, tok, n_pre, 0, &next) < 0) goto fail;
     tp[r] = lks_now() - t0;
+    double c0 = w->t_control, e0 = w->t_exec, m0 = w->t_comm;
     t0 = lks_now();
-    for (int i = 0; i < n_dec; i++) {
-      int p = n_pre + i;
-      int32_t zero = 0;
-      if (lks_kv_seq_resize(kv, sid, p + 1) < 0) goto fail;
-      lks_batch d = {1, &next, &pos[p], seq, 1, &zero};
-      if (lks_model_forward(m, kv, &d, &logits, NULL) < 0) goto fail;
-      if (be->ops->argmax(be, logits, &next, NULL) < 0) goto fail;
-    }
+    for (int i = 0; i < n_dec; i++)
+      if (submit_forward(w, LOCKSTEP__CMD_TYPE__EP_CMD_DECODE, &next, 1, n_pre + i, &next) < 0) goto fail;
     td[r] = lks_now() - t0;
-    lks_kv_seq_free(kv, sid);
+    ctl += (w->t_control - c0) / n_dec / reps;
+    exec += (w->t_exec - e0) / n_dec / reps;
+    comm += (w->t_comm - m0) / n_dec / reps;
+    if (submit_slot(w, LOCKSTEP__CMD_TYPE__EP_CMD_FREE_SLOT) < 0) goto fail;
   }
-  double bw = measure_bandwidth(threads);
+  double rtt = heartbeat_rtt(w, 200);
   lks_model_stats st;
-  lks_model_stats_get(m, &st);
+  lks_model_stats_get(w->model, &st);
   double pre = median(tp, reps), dec = median(td, reps);
   double dec_tps = n_dec / dec;
   // Average KV bytes read per decode step: positions n_pre .. n_pre + n_dec - 1.
   double kv_bytes = (double)st.kv_bytes_per_pos * (n_pre + (n_dec - 1) / 2.0 + 1);
   double bytes_tok = (double)st.bytes_per_token + kv_bytes;
-  printf("model: %s (%.1f M params, %.1f M active, %.2f GB of weights)\n", lks_cli_model_dir(s),
-         st.params_total / 1e6, st.params_active / 1e6, st.weight_bytes / 1e9);
-  printf("threads: %d, backend %s, %d repeats (medians)\n", threads, be->ops->name, reps);
+  printf("model: %s (%.1f M params, %.2f GB of weights on rank 0)\n", lks_cli_model_dir(s),
+         st.params_total / 1e6, st.weight_bytes / 1e9);
+  printf("world: %d rank(s), %d threads each, backend %s, %d repeats (medians)\n", w->world,
+         threads, w->be->ops->name, reps);
   printf("prefill: %d tokens in %.3f s = %.1f tokens/s\n", n_pre, pre, n_pre / pre);
   printf("decode:  %d tokens in %.3f s = %.2f tokens/s (%.2f ms/token)\n", n_dec, dec, dec_tps,
          1e3 * dec / n_dec);
-  printf("bytes read per decoded token: %.1f MB (weights %.1f MB + KV %.2f MB)\n", bytes_tok / 1e6,
-         st.bytes_per_token / 1e6, kv_bytes / 1e6);
+  printf("decode step on rank 0: compute %.3f ms, collectives %.3f ms, control plane %.1f us "
+         "(send); heartbeat round trip %.1f us\n",
+         exec * 1e3, comm * 1e3, ctl * 1e6, rtt * 1e6);
+  printf("bytes read per decoded token on rank 0: %.1f MB (weights %.1f MB + KV %.2f MB)\n",
+         bytes_tok / 1e6, st.bytes_per_token / 1e6, kv_bytes / 1e6);
   printf("memory bandwidth (measured, %d threads): %.2f GB/s\n", threads, bw / 1e9);
-  printf("achieved: %.2f GB/s = %.2f of measured bandwidth\n", bytes_tok * dec_tps / 1e9,
+  printf("achieved: %.2f GB/s = %.2f of measured bandwidth (per rank)\n", bytes_tok * dec_tps / 1e9,
          bw > 0 ? bytes_tok * dec_tps / bw : 0.0);
   rc = 0;
   goto done;
@@ -140,12 +195,8 @@ fail:
   fprintf(stderr, "lockstep bench: %s\n", lks_last_error());
 done:
   free(tok);
-  free(pos);
-  free(seq);
   free(tp);
   free(td);
-  lks_kv_free(kv);
-  lks_model_free(m);
-  lks_backend_free(be);
+  lks_world_stop(w);
   return rc;
 }

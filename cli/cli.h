@@ -24,4 +24,9 @@ int lks_cli_open(const lks_settings *s, lks_backend **be, lks_model **m);
 int lks_cli_parse_ids(const char *text, int vocab, int32_t **ids, int *n);
 double lks_now(void);
 
+struct lks_world;
+// A worker rank's whole part in a command: run the command loop until shutdown, then stop the
+// world. Returns the exit status.
+int lks_cli_worker(struct lks_world *w);
+
 #endif

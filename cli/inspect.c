@@ -33,7 +33,6 @@ int lks_cmd_inspect(lks_settings *s, const char *dir) {
     fprintf(stderr, "lockstep inspect: %s\n", lks_last_error());
     return 1;
   }
-  (void)s;
   problems p = {0};
   printf("model: %s\n", dir);
   lks_config c;
@@ -65,7 +64,28 @@ int lks_cmd_inspect(lks_settings *s, const char *dir) {
     printf("bytes read per decoded token: %s of weights (+ %s of KV cache per context position)\n",
            b2, b4);
     if (st.bytes_mtp_step) printf("bytes read per MTP draft step: %s\n", b3);
-    printf("status: ok\n");
+    int world = (int)lks_settings_int(s, "world");
+    if (world > 1) {
+      // Each rank's shard, loaded here one after the other for the accounting (no collective
+      // runs: a shard's loading reads only rank and world).
+      printf("split over %d ranks:\n", world);
+      for (int r = 0; r < world && p.n == 0; r++) {
+        lks_comm *c = lks_comm_local_new();
+        c->rank = r;
+        c->world = world;
+        lks_model *sm = lks_model_load_shard(dir, be, c, report, &p);
+        if (sm) {
+          lks_model_stats ss;
+          lks_model_stats_get(sm, &ss);
+          human((double)lks_model_loaded_bytes(sm), b1, sizeof b1);
+          human((double)ss.bytes_per_token, b2, sizeof b2);
+          printf("  rank %d: loads and holds %s; reads %s per decoded token\n", r, b1, b2);
+        }
+        lks_model_free(sm);
+        lks_comm_free(c);
+      }
+    }
+    if (p.n == 0) printf("status: ok\n");
   } else if (p.n == 0) {
     report(&p, lks_last_error());
   }

@@ -6,6 +6,9 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "coordinator/world.h"
+#include "worker/worker.h"
+#include "core/comm.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -27,6 +30,13 @@ static void usage(FILE *f) {
           "options (also LKS_<NAME> in the environment):\n");
   lks_settings_print_help(f);
   fprintf(f, "\ndefault model: %s\n", LKS_DEFAULT_MODEL);
+}
+
+int lks_cli_worker(lks_world *w) {
+  int rc = lks_worker_run(w);
+  if (rc < 0) LKS_LOG(LKS_LOG_ERROR, "worker: %s", lks_last_error());
+  lks_world_stop(w);
+  return rc < 0 ? 1 : 0;
 }
 
 double lks_now(void) {
@@ -117,6 +127,7 @@ int main(int argc, char **argv) {
     goto done;
   }
   lks_log_set_level((lks_log_level)level);
+  lks_settings_log(s);
   if (!strcmp(cmd, "generate") && n_pos == 0) {
     rc = lks_cmd_generate(s);
   } else if (!strcmp(cmd, "inspect") && n_pos <= 1) {
@@ -133,5 +144,8 @@ int main(int argc, char **argv) {
   }
 done:
   lks_settings_free(s);
+  // A rank that fails under mpirun ends the job, so that no rank waits on it.
+  if (rc != 0) lks_mpi_abort(rc);
+  lks_mpi_finalize();
   return rc;
 }

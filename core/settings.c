@@ -21,6 +21,13 @@ static const lks_setting_def defs[] = {
     {"max-seq-len", 0, LKS_SET_INT, 16, 1 << 24, "4096", false,
      "longest sequence (prompt + generated) the KV cache holds"},
     {"kv-block", 0, LKS_SET_INT, 1, 1024, "16", false, "tokens per KV cache block"},
+    {"world", 0, LKS_SET_INT, 1, 1024, "1", false,
+     "inspect: show how the model splits over this many ranks"},
+    {"max-slots", 0, LKS_SET_INT, 1, 4096, "8", false, "sequence slots (concurrent sequences)"},
+    {"heartbeat", 0, LKS_SET_FLOAT, 0.05, 60, "1", false,
+     "seconds between heartbeats; a peer silent for three is dead"},
+    {"collective-timeout", 0, LKS_SET_FLOAT, 0.1, 3600, "60", false,
+     "deadline of every collective and control-plane wait, seconds"},
     {"prompt-ids", 0, LKS_SET_STR, 0, 0, NULL, false, "prompt as comma-separated token ids"},
     {"prompt", 0, LKS_SET_STR, 0, 0, NULL, false,
      "prompt as text (the model's tokenizer.json); the continuation is printed as text"},
@@ -215,9 +222,17 @@ void lks_settings_print_help(FILE *f) {
 }
 
 void lks_settings_log(const lks_settings *s) {
-  for (int i = 0; i < N_DEFS; i++) {
+  // One line: every setting with its value; those not at their default are marked with '*'.
+  char line[2048];
+  size_t k = 0;
+  for (int i = 0; i < N_DEFS && k < sizeof line - 1; i++) {
     if (!strcmp(defs[i].name, "help")) continue;
-    LKS_LOG(LKS_LOG_INFO, "setting %-12s = %-10s (%s)", defs[i].name,
-            s->v[i].text ? s->v[i].text : "(unset)", s->v[i].source ? s->v[i].source : "default");
+    const value *v = &s->v[i];
+    bool changed = v->source && strcmp(v->source, "default") != 0;
+    int w = snprintf(line + k, sizeof line - k, "%s%s%s=%s", k ? " " : "", changed ? "*" : "",
+                     defs[i].name, v->text ? v->text : "-");
+    if (w < 0) break;
+    k += (size_t)w;
   }
+  LKS_LOG(LKS_LOG_INFO, "settings: %s", line);
 }

@@ -43,7 +43,8 @@ double lks_settings_float(const lks_settings *s, const char *name);
 bool lks_settings_bool(const lks_settings *s, const char *name);
 // NULL when unset.
 const char *lks_settings_str(const lks_settings *s, const char *name);
-// Where the value came from: "default", "env", "command line".
+// Where the value came from: "default", "environment", "command line" (or the source given
+// to lks_settings_set); "unset" for a string setting without a value.
 const char *lks_settings_source(const lks_settings *s, const char *name);
 
 void lks_settings_print_help(FILE *f);

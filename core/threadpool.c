@@ -74,7 +74,10 @@ lks_pool *lks_pool_new(int n_threads) {
   if (!p->threads) goto fail;
   for (int i = 1; i < n_threads; i++) {
     worker_arg *w = malloc(sizeof *w);
-    if (!w) goto fail;
+    if (!w) {
+      p->n_threads = i;  // only threads 1 .. i-1 exist to be joined
+      goto fail;
+    }
     *w = (worker_arg){p, i};
     if (pthread_create(&p->threads[i], NULL, worker_main, w) != 0) {
       free(w);

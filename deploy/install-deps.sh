@@ -11,6 +11,9 @@ pkgs=(
   clang libclang-rt-14-dev      # libFuzzer target and sanitizer runtimes
   python3 python3-numpy         # tests/reference and tools/gen_model.py (run by /usr/bin/python3)
   openmpi-bin libopenmpi-dev    # mpirun, MPI bootstrap and CPU collectives
+  libzmq3-dev                   # control plane (ZeroMQ)
+  libprotobuf-c-dev protobuf-c-compiler  # command messages (proto/lockstep.proto)
+  procps                        # pgrep in the multi-process tests
   libpcre2-dev libutf8proc-dev  # tokenizer.json: Split regexes (PCRE2), normalizers (utf8proc)
 )
 # node and npm run the tokenizer and chat-template references (tests/tokenizer). A machine may

@@ -82,6 +82,17 @@ int lks_kv_seq_alloc(lks_kv_cache *kv) {
   return lks_set_error(LKS_EFULL, "KV cache: all %d sequence slots are in use", kv->max_seqs);
 }
 
+int lks_kv_seq_claim(lks_kv_cache *kv, int seq) {
+  if (seq < 0 || seq >= kv->max_seqs)
+    return lks_set_error(LKS_ERANGE, "KV cache: slot %d outside [0, %d)", seq, kv->max_seqs);
+  if (kv->seq_len[seq] >= 0) return lks_set_error(LKS_EINVAL, "KV cache: slot %d is in use", seq);
+  kv->seq_len[seq] = 0;
+  kv->seq_blocks[seq] = 0;
+  return seq;
+}
+
+int lks_kv_max_seqs(const lks_kv_cache *kv) { return kv->max_seqs; }
+
 void lks_kv_seq_free(lks_kv_cache *kv, int seq) {
   if (seq < 0 || seq >= kv->max_seqs || kv->seq_len[seq] < 0) return;
   lks_kv_seq_resize(kv, seq, 0);

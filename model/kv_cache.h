@@ -19,7 +19,10 @@ void lks_kv_free(lks_kv_cache *kv);
 
 // A free sequence slot (>= 0), or LKS_EFULL.
 int lks_kv_seq_alloc(lks_kv_cache *kv);
+// Allocates the given free slot (the coordinator chooses slot ids; every rank claims the same).
+int lks_kv_seq_claim(lks_kv_cache *kv, int seq);
 void lks_kv_seq_free(lks_kv_cache *kv, int seq);
+int lks_kv_max_seqs(const lks_kv_cache *kv);
 // Positions a sequence holds.
 int lks_kv_seq_len(const lks_kv_cache *kv, int seq);
 // Makes room for positions [0, len) of seq (allocating blocks), and sets its length to len.

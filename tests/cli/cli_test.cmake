@@ -51,6 +51,9 @@ run(${LOCKSTEP} inspect ${model})
 expect("rc EQUAL 0 AND out MATCHES \"status: ok\" AND out MATCHES \"bytes read per decoded token\""
        "inspect a good model")
 
+run(${LOCKSTEP} inspect ${model} --world 2)
+expect("rc EQUAL 0 AND out MATCHES \"rank 1: loads and holds\"" "inspect --world 2 shows each rank's bytes")
+
 run(${LOCKSTEP} generate --model ${model} --prompt-ids 1,x,3)
 expect("rc EQUAL 2 AND err MATCHES \"not a comma-separated list\"" "refuse a bad --prompt-ids")
 run(${LOCKSTEP} generate --model ${model} --prompt-ids 1,99999)

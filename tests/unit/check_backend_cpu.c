@@ -1,1 +1,1135 @@
-int main(void){return 0;}
+// SPDX-License-Identifier: MIT
+// The CPU backend against plain implementations written here, in double precision, from the
+// definitions of backend.h and MODEL.md section 2: every op on random inputs with a relative
+// error bound (max |got - ref| / max |ref|; a NaN or infinity always fails), the SIMD dot
+// kernels of every level this CPU has, bitwise equality of results across thread counts, and
+// the thread pool with sums that are exactly known.
+#include <check.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/backend.h"
+#include "core/cpu_kernels.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/threadpool.h"
+#include "testutil.h"
+
+// ---- fixture: backends, and every buffer and host array a test makes, freed in teardown ----
+
+enum { MAX_OWNED = 1024 };
+static lks_backend *be;  // 2 threads: the pool is exercised by every op test
+static lks_backend *extra_be[4];
+static struct {
+  lks_backend *be;
+  lks_buf *b;
+} bufs[MAX_OWNED];
+static int n_bufs;
+static void *mem[MAX_OWNED];
+static int n_mem;
+
+static void setup(void) {
+  lks_log_set_level(LKS_LOG_WARN);
+  be = lks_backend_new("cpu", 2);
+  ck_assert_ptr_nonnull(be);
+}
+
+static void teardown(void) {
+  for (int i = 0; i < n_bufs; i++) bufs[i].be->ops->buf_free(bufs[i].be, bufs[i].b);
+  for (int i = 0; i < n_mem; i++) free(mem[i]);
+  for (int i = 0; i < 4; i++) lks_backend_free(extra_be[i]);
+  lks_backend_free(be);
+  n_bufs = n_mem = 0;
+  be = NULL;
+  memset(extra_be, 0, sizeof extra_be);
+}
+
+static lks_backend *new_backend(int threads) {
+  lks_backend *b = lks_backend_new("cpu", threads);
+  ck_assert_ptr_nonnull(b);
+  for (int i = 0; i < 4; i++)
+    if (!extra_be[i]) return extra_be[i] = b;
+  ck_abort_msg("too many backends");
+  return NULL;
+}
+
+// Zeroed host memory that lives until teardown.
+static void *tmem(size_t bytes) {
+  ck_assert_int_lt(n_mem, MAX_OWNED);
+  void *p = calloc(1, bytes ? bytes : 1);
+  ck_assert_ptr_nonnull(p);
+  return mem[n_mem++] = p;
+}
+#define TNEW(type, n) ((type *)tmem((size_t)(n) * sizeof(type)))
+
+// A [rows, cols] tensor of dtype dt in a new buffer of `b`, filled from host (NULL: zeros).
+static lks_tensor upload(lks_backend *b, lks_dtype dt, int64_t rows, int64_t cols,
+                         const void *host) {
+  ck_assert_int_lt(n_bufs, MAX_OWNED);
+  size_t bytes = (size_t)(rows * cols) * lks_dtype_size(dt);
+  lks_buf *buf = b->ops->buf_alloc(b, bytes);
+  ck_assert_ptr_nonnull(buf);
+  bufs[n_bufs].be = b;
+  bufs[n_bufs++].b = buf;
+  if (host) ck_assert_int_eq(b->ops->from_host(b, buf, 0, host, bytes), 0);
+  return lks_tensor_2d(buf, 0, dt, rows, cols);
+}
+
+static float *download(lks_backend *b, lks_tensor t) {
+  float *h = TNEW(float, t.rows * t.cols);
+  ck_assert_int_eq(lks_tensor_to_host_f32(b, h, t), 0);
+  return h;
+}
+
+// ---- numbers: independent decoders, a test-side F16 encoder, random data, the error bound ----
+
+static double bf16_val(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static double f16_val(uint16_t h) {
+  int e = (h >> 10) & 31, m = h & 1023;
+  if (e == 31) return m ? NAN : (h & 0x8000 ? -INFINITY : INFINITY);
+  double v = e ? ldexp(1024 + m, e - 25) : ldexp(m, -24);
+  return h & 0x8000 ? -v : v;
+}
+
+// Rounds to nearest (lrint: ties to even; any rounding would do, since the reference decodes the
+// bits this produces). For NaN and finite |f| <= 65504.
+static uint16_t f32_to_f16(float f) {
+  if (isnan(f)) return 0x7e00;
+  uint16_t sign = signbit(f) ? 0x8000 : 0;
+  double a = fabs((double)f);
+  if (a < ldexp(1, -14)) return (uint16_t)(sign | (uint16_t)lrint(a * ldexp(1, 24)));
+  int e;
+  double fr = frexp(a, &e);  // a = fr * 2^e, fr in [0.5, 1)
+  long m = lrint(fr * 2048);  // a = m / 1024 * 2^(e - 1)
+  if (m == 2048) {
+    m = 1024;
+    e++;
+  }
+  return (uint16_t)(sign | (uint16_t)((e - 1 + 15) << 10) | (uint16_t)(m - 1024));
+}
+
+// n values of dtype dt from `src`: the bytes for the backend, and in `exact` (may be NULL) the
+// values those bytes hold.
+static void *encode(lks_dtype dt, const float *src, size_t n, double *exact) {
+  void *out = tmem(n * lks_dtype_size(dt));
+  for (size_t i = 0; i < n; i++) {
+    double v;
+    if (dt == LKS_F32) {
+      ((float *)out)[i] = src[i];
+      v = src[i];
+    } else if (dt == LKS_BF16) {
+      uint16_t h = lks_f32_to_bf16(src[i]);
+      ((uint16_t *)out)[i] = h;
+      v = bf16_val(h);
+    } else {
+      ck_assert_int_eq(dt, LKS_F16);
+      uint16_t h = f32_to_f16(src[i]);
+      ((uint16_t *)out)[i] = h;
+      v = f16_val(h);
+    }
+    if (exact) exact[i] = v;
+  }
+  return out;
+}
+
+static float *randv(uint64_t *rng, size_t n, float scale) {
+  float *v = TNEW(float, n);
+  for (size_t i = 0; i < n; i++) v[i] = scale * tu_randf(rng);
+  return v;
+}
+
+// max |got - ref| / max |ref|; infinite when got holds a NaN or an infinity.
+static double rel_err(const float *got, const double *ref, size_t n) {
+  double md = 0, mr = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!isfinite(got[i])) return INFINITY;
+    double d = fabs((double)got[i] - ref[i]);
+    if (d > md) md = d;
+    if (fabs(ref[i]) > mr) mr = fabs(ref[i]);
+  }
+  return md / (mr > 0 ? mr : 1.0);
+}
+
+// Fails (with the message fmt, ...) unless the relative error is within bound.
+#define ck_assert_rel(got, ref, n, bound, fmt, ...)                                   \
+  do {                                                                                \
+    double e_ = rel_err((got), (ref), (size_t)(n));                                   \
+    ck_assert_msg(e_ <= (bound), fmt ": relative error %g > %g", __VA_ARGS__, e_,     \
+                  (double)(bound));                                                   \
+  } while (0)
+
+static const double TOL = 1e-5;
+static const lks_dtype mm_dtypes[] = {LKS_F32, LKS_BF16, LKS_F16};  // the weight types
+
+START_TEST(test_rel_err_rejects_nan) {
+  float got[3] = {1, 2, 3};
+  double ref[3] = {1, 2, 3};
+  ck_assert(rel_err(got, ref, 3) == 0);
+  got[1] = NAN;
+  ck_assert(!(rel_err(got, ref, 3) <= TOL));
+  got[1] = INFINITY;
+  ck_assert(!(rel_err(got, ref, 3) <= TOL));
+  got[1] = 2.001f;
+  ck_assert(!(rel_err(got, ref, 3) <= TOL));
+}
+END_TEST
+
+START_TEST(test_f16_codec) {
+  // The test's own converter against known encodings, and the library's decoder against it.
+  ck_assert_uint_eq(f32_to_f16(1.0f), 0x3c00);
+  ck_assert_uint_eq(f32_to_f16(-2.0f), 0xc000);
+  ck_assert_uint_eq(f32_to_f16(0.5f), 0x3800);
+  ck_assert_uint_eq(f32_to_f16(65504.0f), 0x7bff);
+  ck_assert_uint_eq(f32_to_f16(0x1p-24f), 0x0001);
+  ck_assert_uint_eq(f32_to_f16(0x1p-14f), 0x0400);
+  ck_assert(f16_val(0x3555) == 0x1.554p-2);
+  uint64_t rng = 99;
+  for (int i = 0; i < 10000; i++) {
+    float f = tu_randf(&rng) * (i % 3 == 0 ? 1e-4f : 8.0f);
+    uint16_t h = f32_to_f16(f);
+    ck_assert(fabs(f16_val(h) - f) <= fabs((double)f) * 0x1p-11 + 0x1p-25);
+    ck_assert((double)lks_f16_to_f32(h) == f16_val(h));
+  }
+}
+END_TEST
+
+START_TEST(test_buffers_and_views) {
+  lks_clear_error();
+  ck_assert_ptr_null(lks_backend_new("no-such-backend", 1));
+  ck_assert_ptr_nonnull(strstr(lks_last_error(), "no-such-backend"));
+  lks_backend_free(NULL);
+  // Copies stay inside the buffer.
+  float in[4] = {1, 2, 3, 4}, out[4] = {0};
+  lks_tensor t = upload(be, LKS_F32, 1, 4, in);
+  ck_assert_int_eq(be->ops->to_host(be, out, t.buf, 4, 12), 0);
+  ck_assert_float_eq(out[0], 2);
+  ck_assert_float_eq(out[2], 4);
+  ck_assert_int_lt(be->ops->to_host(be, out, t.buf, 8, 12), 0);
+  ck_assert_int_lt(be->ops->to_host(be, out, t.buf, 17, 0), 0);
+  ck_assert_int_lt(be->ops->from_host(be, t.buf, 4, in, 16), 0);
+  ck_assert_int_lt(be->ops->from_host(be, t.buf, SIZE_MAX, in, 2), 0);
+  // A wrapped host buffer is read in place and never written.
+  float host[6] = {5, 6, 7, 8, 9, 10};
+  lks_buf *w = be->ops->buf_wrap_host(be, host, sizeof host);
+  ck_assert_ptr_nonnull(w);
+  host[1] = 60;
+  ck_assert_int_eq(be->ops->to_host(be, out, w, 4, 8), 0);
+  ck_assert_float_eq(out[0], 60);
+  ck_assert_int_lt(be->ops->from_host(be, w, 0, in, 4), 0);
+  ck_assert_float_eq(host[0], 5);
+  be->ops->buf_free(be, w);
+  be->ops->buf_free(be, NULL);
+  // Views: rows, columns and reshapes, read back as f32 from every element type.
+  uint64_t rng = 3;
+  float *src = randv(&rng, 5 * 7, 1.0f);
+  for (int d = 0; d < 3; d++) {
+    double *ex = TNEW(double, 5 * 7);
+    lks_tensor full = upload(be, mm_dtypes[d], 5, 7, encode(mm_dtypes[d], src, 35, ex));
+    lks_tensor v = lks_tensor_rows(lks_tensor_cols(full, 2, 4), 1, 3);
+    ck_assert_int_eq(v.rows, 3);
+    ck_assert_int_eq(v.cols, 4);
+    ck_assert_int_eq(v.ld, 7);
+    float *got = download(be, v);
+    for (int r = 0; r < 3; r++)
+      for (int c = 0; c < 4; c++) ck_assert((double)got[r * 4 + c] == ex[(r + 1) * 7 + c + 2]);
+    lks_tensor rs = lks_tensor_reshape(lks_tensor_rows(full, 1, 2), 7, 2);
+    got = download(be, rs);
+    for (int i = 0; i < 14; i++) ck_assert((double)got[i] == ex[7 + i]);
+  }
+}
+END_TEST
+
+// ---- the dot kernels of every SIMD level ----
+
+static const int64_t dot_lens[] = {1, 7, 8, 15, 16, 17, 31, 32, 33, 100, 1000, 4099};
+enum { N_DOT_LENS = sizeof dot_lens / sizeof dot_lens[0], DOT_TRIALS = 8 };
+
+START_TEST(test_dot_kernels) {
+  static const char *levels[] = {"scalar", "avx2", "avx512"};
+  int tested = 0;
+  uint64_t rng = 1234;
+  const int64_t cap = 4099 + 65;
+  float *w = TNEW(float, cap), *x = TNEW(float, cap);
+  uint16_t *wb = TNEW(uint16_t, cap);
+  for (int l = 0; l < 3; l++) {
+    const lks__cpu_kernels *k = lks__cpu_kernels_get(levels[l]);
+    if (!k) {
+      fprintf(stderr, "check_backend_cpu: kernel level %s not available here\n", levels[l]);
+      continue;
+    }
+    tested++;
+    ck_assert_str_eq(k->name, levels[l]);
+    for (int li = 0; li < N_DOT_LENS; li++) {
+      int64_t n = dot_lens[li];
+      float got_f32[DOT_TRIALS], got_bf16[DOT_TRIALS];
+      double ref_f32[DOT_TRIALS], ref_bf16[DOT_TRIALS];
+      for (int t = 0; t < DOT_TRIALS; t++) {
+        // One element of offset: unaligned loads. NaN after the end: reading past n fails.
+        for (int64_t i = 0; i < n + 65; i++) {
+          bool in = i >= 1 && i <= n;
+          w[i] = in ? tu_randf(&rng) : NAN;
+          x[i] = in ? tu_randf(&rng) : NAN;
+          wb[i] = lks_f32_to_bf16(in ? tu_randf(&rng) : NAN);
+        }
+        double sf = 0, sb = 0;
+        for (int64_t i = 1; i <= n; i++) {
+          sf += (double)w[i] * x[i];
+          sb += bf16_val(wb[i]) * x[i];
+        }
+        ref_f32[t] = sf;
+        ref_bf16[t] = sb;
+        got_f32[t] = k->dot_f32(w + 1, x + 1, n);
+        got_bf16[t] = k->dot_bf16(wb + 1, x + 1, n);
+      }
+      ck_assert_rel(got_f32, ref_f32, DOT_TRIALS, TOL, "%s dot_f32 n=%lld", k->name,
+                    (long long)n);
+      ck_assert_rel(got_bf16, ref_bf16, DOT_TRIALS, TOL, "%s dot_bf16 n=%lld", k->name,
+                    (long long)n);
+    }
+  }
+  ck_assert_int_ge(tested, 1);
+  ck_assert_ptr_null(lks__cpu_kernels_get("sse9"));
+  ck_assert_ptr_nonnull(lks__cpu_kernels_best());
+}
+END_TEST
+
+// ---- matmul ----
+
+static const int mm_rows[] = {1, 2, 3, 7};
+static const float SENTINEL = 12345.0f;
+
+// out (+)= x W^T + bias on b, against the reference; strided: every operand a view into a
+// wider buffer (the weight a column slice, ld > cols).
+static void matmul_case(lks_backend *b, lks_dtype dt, int n, bool has_bias, bool acc,
+                        bool strided, uint64_t seed) {
+  const int64_t K = 75, M = 40;
+  // Padding around the views: NaN in inputs (reading it fails), a sentinel in the output.
+  int64_t xpad = strided ? 5 : 0, wpad = strided ? 6 : 0, opad = strided ? 4 : 0;
+  int64_t x0 = strided ? 3 : 0, w0 = strided ? 2 : 0, o0 = strided ? 1 : 0;
+  int64_t ldx = K + xpad, ldw = K + wpad, ldo = M + opad;
+  uint64_t rng = seed;
+
+  float *xh = randv(&rng, (size_t)(n * ldx), 1.0f);
+  float *wh = randv(&rng, (size_t)(M * ldw), 1.0f);
+  float *bh = randv(&rng, (size_t)M, 1.0f);
+  float *oh = randv(&rng, (size_t)(n * ldo), 4.0f);
+  for (int64_t r = 0; r < n; r++)
+    for (int64_t c = 0; c < ldx; c++)
+      if (c < x0 || c >= x0 + K) xh[r * ldx + c] = NAN;
+  for (int64_t r = 0; r < M; r++)
+    for (int64_t c = 0; c < ldw; c++)
+      if (c < w0 || c >= w0 + K) wh[r * ldw + c] = NAN;
+  for (int64_t r = 0; r < n; r++)
+    for (int64_t c = 0; c < ldo; c++)
+      if (c < o0 || c >= o0 + M) oh[r * ldo + c] = SENTINEL;
+
+  double *wx = TNEW(double, M * ldw), *bx = TNEW(double, M);
+  void *wbytes = encode(dt, wh, (size_t)(M * ldw), wx);
+  void *bbytes = encode(dt, bh, (size_t)M, bx);
+  lks_tensor x = lks_tensor_cols(upload(b, LKS_F32, n, ldx, xh), x0, K);
+  lks_tensor w = lks_tensor_cols(upload(b, dt, M, ldw, wbytes), w0, K);
+  lks_tensor o_full = upload(b, LKS_F32, n, ldo, oh);
+  lks_tensor o = lks_tensor_cols(o_full, o0, M);
+  lks_tensor bias = {0};
+  if (has_bias) bias = upload(b, dt, 1, M, bbytes);
+  ck_assert_int_eq(w.ld, ldw);
+
+  ck_assert_int_eq(b->ops->matmul(b, o, x, w, bias, acc), 0);
+
+  double *ref = TNEW(double, n * M);
+  for (int64_t t = 0; t < n; t++)
+    for (int64_t m = 0; m < M; m++) {
+      double s = 0;
+      for (int64_t k = 0; k < K; k++) s += wx[m * ldw + w0 + k] * xh[t * ldx + x0 + k];
+      if (has_bias) s += bx[m];
+      if (acc) s += oh[t * ldo + o0 + m];
+      ref[t * M + m] = s;
+    }
+  float *got = download(b, o);
+  ck_assert_rel(got, ref, n * M, TOL, "matmul %s n=%d bias=%d acc=%d strided=%d",
+                lks_dtype_name(dt), n, has_bias, acc, strided);
+  float *full = download(b, o_full);
+  for (int64_t r = 0; r < n; r++)
+    for (int64_t c = 0; c < ldo; c++)
+      if (c < o0 || c >= o0 + M) ck_assert_float_eq(full[r * ldo + c], SENTINEL);
+}
+
+// Case _i: dtype, rows, bias, accumulate and strided views, all 96 combinations.
+START_TEST(test_matmul) {
+  matmul_case(be, mm_dtypes[_i % 3], mm_rows[(_i / 3) % 4], (_i / 12) % 2, (_i / 24) % 2,
+              (_i / 48) % 2, 1000 + (uint64_t)_i);
+}
+END_TEST
+
+// The backend on each SIMD level this CPU has (LKS_SIMD), through both BF16 paths.
+START_TEST(test_matmul_simd_levels) {
+  static const char *levels[] = {"scalar", "avx2", "avx512"};
+  for (int l = 0; l < 3; l++) {
+    if (!lks__cpu_kernels_get(levels[l])) continue;
+    setenv("LKS_SIMD", levels[l], 1);
+    lks_backend *b = new_backend(2);
+    for (int d = 0; d < 3; d++)
+      for (int ni = 0; ni < 4; ni++) matmul_case(b, mm_dtypes[d], mm_rows[ni], true, true, true, 7);
+  }
+  unsetenv("LKS_SIMD");
+}
+END_TEST
+
+START_TEST(test_matmul_shape_errors) {
+  lks_tensor x = upload(be, LKS_F32, 2, 8, NULL), w = upload(be, LKS_F32, 4, 9, NULL);
+  lks_tensor o = upload(be, LKS_F32, 2, 4, NULL), none = {0};
+  ck_assert_int_eq(be->ops->matmul(be, o, x, w, none, false), LKS_ESHAPE);
+  lks_tensor w8 = upload(be, LKS_F32, 4, 8, NULL), o5 = upload(be, LKS_F32, 2, 5, NULL);
+  ck_assert_int_eq(be->ops->matmul(be, o5, x, w8, none, false), LKS_ESHAPE);
+  lks_tensor wi = upload(be, LKS_I32, 4, 8, NULL);
+  ck_assert_int_eq(be->ops->matmul(be, o, x, wi, none, false), LKS_EUNSUPPORTED);
+}
+END_TEST
+
+// ---- rmsnorm, rope, embed, gather_rows, argmax ----
+
+static void rms_ref(const float *x, const double *w, int64_t rows, int64_t cols, float eps,
+                    double *out) {
+  for (int64_t r = 0; r < rows; r++) {
+    double ss = 0;
+    for (int64_t i = 0; i < cols; i++) ss += (double)x[r * cols + i] * x[r * cols + i];
+    double inv = 1.0 / sqrt(ss / (double)cols + eps);
+    for (int64_t i = 0; i < cols; i++) out[r * cols + i] = w[i] * x[r * cols + i] * inv;
+  }
+}
+
+// Cases: 0 separate output, F32 weight; 1 BF16 weight; 2 in place; 3 per-head (a reshape of
+// [n, heads * hd] to [n * heads, hd], in place, as qk-norm does).
+START_TEST(test_rmsnorm) {
+  const int n = 3, heads = 4, hd = 24;
+  const float eps = 1e-5f;
+  int64_t rows = _i == 3 ? (int64_t)n * heads : n, cols = _i == 3 ? hd : (int64_t)heads * hd;
+  uint64_t rng = 77 + (uint64_t)_i;
+  float *xh = randv(&rng, (size_t)(n * heads * hd), 3.0f);
+  for (int i = 0; i < hd; i++) xh[i] *= 0.01f;  // one head (or row part) much smaller
+  float *wh = randv(&rng, (size_t)cols, 2.0f);
+  lks_dtype wdt = _i == 1 ? LKS_BF16 : LKS_F32;
+  double *wx = TNEW(double, cols);
+  void *wb = encode(wdt, wh, (size_t)cols, wx);
+  lks_tensor w = upload(be, wdt, 1, cols, wb);
+  lks_tensor x = upload(be, LKS_F32, n, (int64_t)heads * hd, xh);
+  lks_tensor out = _i == 0 || _i == 1 ? upload(be, LKS_F32, n, (int64_t)heads * hd, NULL) : x;
+  if (_i == 3) {
+    x = lks_tensor_reshape(x, rows, cols);
+    out = x;
+  }
+  ck_assert_int_eq(be->ops->rmsnorm(be, out, x, w, eps), 0);
+  double *ref = TNEW(double, rows * cols);
+  rms_ref(xh, wx, rows, cols, eps, ref);
+  ck_assert_rel(download(be, out), ref, rows * cols, TOL, "rmsnorm case %d", _i);
+  if (_i < 2) ck_assert_mem_eq(download(be, x), xh, (size_t)(rows * cols) * sizeof(float));
+}
+END_TEST
+
+// Cases: layout x (rot_dims < head_dim, rot_dims == head_dim) x theta.
+START_TEST(test_rope) {
+  lks_rope_layout layout = _i % 2 ? LKS_ROPE_INTERLEAVED : LKS_ROPE_HALF_SPLIT;
+  const int heads = 3, hd = 16;
+  int rot = (_i / 2) % 2 ? hd : 6;
+  double theta = (_i / 4) % 2 ? 1e6 : 10000.0;
+  const int n = 5;
+  const int32_t pos[] = {0, 1, 7, 1000, 123457};
+  uint64_t rng = 555 + (uint64_t)_i;
+  float *xh = randv(&rng, (size_t)(n * heads * hd), 2.0f);
+  lks_tensor x = upload(be, LKS_F32, n, heads * hd, xh);
+  ck_assert_int_eq(be->ops->rope(be, x, hd, rot, (float)theta, layout, pos), 0);
+  float *got = download(be, x);
+  double *ref = TNEW(double, n * heads * hd);
+  for (int r = 0; r < n; r++)
+    for (int h = 0; h < heads; h++) {
+      const float *v = xh + (r * heads + h) * hd;
+      double *o = ref + (r * heads + h) * hd;
+      for (int d = 0; d < hd; d++) o[d] = v[d];
+      for (int j = 0; j < rot / 2; j++) {
+        double ang = pos[r] * pow((double)(float)theta, -2.0 * j / rot);
+        int a = layout == LKS_ROPE_HALF_SPLIT ? j : 2 * j;
+        int b = layout == LKS_ROPE_HALF_SPLIT ? j + rot / 2 : 2 * j + 1;
+        o[a] = v[a] * cos(ang) - v[b] * sin(ang);
+        o[b] = v[b] * cos(ang) + v[a] * sin(ang);
+      }
+      for (int d = rot; d < hd; d++)  // dims >= rot_dims pass through untouched
+        ck_assert_mem_eq(&got[(r * heads + h) * hd + d], &v[d], sizeof(float));
+    }
+  // Position 0 is the identity.
+  ck_assert_mem_eq(got, xh, (size_t)(heads * hd) * sizeof(float));
+  ck_assert_rel(got, ref, n * heads * hd, TOL, "rope layout %d rot %d theta %g", layout, rot,
+                theta);
+}
+END_TEST
+
+START_TEST(test_embed) {
+  const int64_t V = 50, H = 24;
+  const int32_t ids[] = {3, 0, 49, 3, 17};
+  const int n = 5;
+  uint64_t rng = 31;
+  float *th = randv(&rng, (size_t)(V * H), 1.0f);
+  for (int d = 0; d < 3; d++) {
+    lks_dtype dt = mm_dtypes[d];
+    double *tx = TNEW(double, V * H);
+    lks_tensor table = upload(be, dt, V, H, encode(dt, th, (size_t)(V * H), tx));
+    // The output is a column view of a wider buffer.
+    lks_tensor out = lks_tensor_cols(upload(be, LKS_F32, n, H + 3, NULL), 2, H);
+    ck_assert_int_eq(be->ops->embed(be, out, table, ids), 0);
+    float *got = download(be, out);
+    for (int i = 0; i < n; i++)
+      for (int64_t c = 0; c < H; c++)
+        ck_assert_msg((double)got[i * H + c] == tx[ids[i] * H + c], "%s row %d col %lld",
+                      lks_dtype_name(dt), i, (long long)c);
+  }
+  lks_tensor table = upload(be, LKS_F32, V, H, th);
+  lks_tensor out2 = upload(be, LKS_F32, 2, H, NULL);
+  const int32_t bad_hi[] = {1, 50}, bad_lo[] = {-1, 0};
+  lks_clear_error();
+  ck_assert_int_lt(be->ops->embed(be, out2, table, bad_hi), 0);
+  ck_assert_ptr_nonnull(strstr(lks_last_error(), "50"));
+  ck_assert_int_lt(be->ops->embed(be, out2, table, bad_lo), 0);
+  lks_tensor one = upload(be, LKS_F32, 1, H, NULL);
+  const int32_t huge[] = {2147483647};
+  ck_assert_int_lt(be->ops->embed(be, one, table, huge), 0);
+}
+END_TEST
+
+START_TEST(test_gather_rows) {
+  const int64_t R = 10, H = 12;
+  const int32_t rows[] = {9, 0, 3, 3, 7};
+  uint64_t rng = 8;
+  float *xh = randv(&rng, (size_t)(R * H), 1.0f);
+  lks_tensor x = upload(be, LKS_F32, R, H, xh);
+  lks_tensor out = upload(be, LKS_F32, 5, H, NULL);
+  ck_assert_int_eq(be->ops->gather_rows(be, out, x, rows), 0);
+  float *got = download(be, out);
+  for (int i = 0; i < 5; i++)
+    ck_assert_mem_eq(got + i * H, xh + rows[i] * H, (size_t)H * sizeof(float));
+}
+END_TEST
+
+START_TEST(test_argmax) {
+  enum { C = 9 };
+  const float rows[][C] = {
+      {0, 1, 2, 5, 1, 0, 2, 5, 1},             // tie: 3 before 7
+      {4, 4, 4, 4, 4, 4, 4, 4, 4},             // all equal: 0
+      {-3, -2, -9, -1, -1.5f, -7, -1, -8, -5},  // negatives, tie: 3
+      {0, 0, 0, 0, 0, 0, 0, 0, 1},             // last
+      {7, 0, 0, 0, 0, 0, 0, 0, 7},             // first
+  };
+  const int32_t want[] = {3, 0, 3, 8, 0};
+  const int n = 5;
+  lks_tensor x = upload(be, LKS_F32, n, C, rows);
+  int32_t idx[5];
+  float val[5];
+  ck_assert_int_eq(be->ops->argmax(be, x, idx, val), 0);
+  for (int r = 0; r < n; r++) {
+    ck_assert_int_eq(idx[r], want[r]);
+    ck_assert_float_eq(val[r], rows[r][want[r]]);
+  }
+  ck_assert_int_eq(be->ops->argmax(be, x, idx, NULL), 0);
+  for (int r = 0; r < n; r++) ck_assert_int_eq(idx[r], want[r]);
+  // Random wide rows against a naive scan.
+  const int64_t V = 1001;
+  uint64_t rng = 4;
+  float *xh = randv(&rng, (size_t)(4 * V), 1.0f);
+  lks_tensor xs = upload(be, LKS_F32, 4, V, xh);
+  int32_t idx2[4];
+  ck_assert_int_eq(be->ops->argmax(be, xs, idx2, NULL), 0);
+  for (int r = 0; r < 4; r++) {
+    int64_t b = 0;
+    for (int64_t i = 0; i < V; i++)
+      if (xh[r * V + i] > xh[r * V + b]) b = i;
+    ck_assert_int_eq(idx2[r], b);
+  }
+}
+END_TEST
+
+// ---- paged KV cache and attention ----
+
+// Two sequences in a cache of 9 blocks of 4 positions, blocks out of order; block 8 of seq 1 is
+// the last block of the pool.
+enum { BS = 4, NBLK = 9, MAXB = 4, NSEQ = 2 };
+static const int32_t block_table[NSEQ * MAXB] = {5, 2, 7, 0, 3, 8, 1, 4};
+static const int seq_len[NSEQ] = {14, 11};
+
+typedef struct {
+  lks_kv_layer kv;
+  int n_heads, n_kv, hd;
+  float *Kh, *Vh;  // [NSEQ, MAXB * BS, n_kv * hd]: what was stored at (seq, pos)
+} attn_setup;
+
+static int32_t slot_of(int seq, int pos) {
+  return block_table[seq * MAXB + pos / BS] * BS + pos % BS;
+}
+
+// Fills a cache through kv_store, every position of both sequences in a shuffled order, three
+// rows at a time.
+static void fill_cache(lks_backend *b, attn_setup *a, uint64_t seed) {
+  int kvd = a->n_kv * a->hd;
+  size_t pool = (size_t)NBLK * BS * kvd;
+  a->kv = (lks_kv_layer){.n_blocks = NBLK, .block_size = BS, .n_kv_heads = a->n_kv,
+                         .head_dim = a->hd};
+  a->kv.k = upload(b, LKS_F32, 1, (int64_t)pool, NULL).buf;
+  a->kv.v = upload(b, LKS_F32, 1, (int64_t)pool, NULL).buf;
+  uint64_t rng = seed;
+  a->Kh = randv(&rng, (size_t)NSEQ * MAXB * BS * kvd, 1.0f);
+  a->Vh = randv(&rng, (size_t)NSEQ * MAXB * BS * kvd, 1.0f);
+  int order[NSEQ * MAXB * BS], n = 0;
+  for (int s = 0; s < NSEQ; s++)
+    for (int p = 0; p < seq_len[s]; p++) order[n++] = s * MAXB * BS + p;
+  for (int i = n - 1; i > 0; i--) {
+    int j = (int)(tu_rand(&rng) % (uint64_t)(i + 1)), t = order[i];
+    order[i] = order[j];
+    order[j] = t;
+  }
+  for (int i0 = 0; i0 < n; i0 += 3) {
+    int m = n - i0 < 3 ? n - i0 : 3;
+    int32_t seq[3], pos[3], slot[3];
+    float *kb = TNEW(float, 3 * kvd), *vb = TNEW(float, 3 * kvd);
+    for (int i = 0; i < m; i++) {
+      seq[i] = order[i0 + i] / (MAXB * BS);
+      pos[i] = order[i0 + i] % (MAXB * BS);
+      slot[i] = slot_of(seq[i], pos[i]);
+      memcpy(kb + i * kvd, a->Kh + (size_t)order[i0 + i] * kvd, (size_t)kvd * sizeof(float));
+      memcpy(vb + i * kvd, a->Vh + (size_t)order[i0 + i] * kvd, (size_t)kvd * sizeof(float));
+    }
+    lks_attn_rows rows = {m, seq, pos, slot, block_table, MAXB};
+    ck_assert_int_eq(b->ops->kv_store(b, &a->kv, upload(b, LKS_F32, m, kvd, kb),
+                                      upload(b, LKS_F32, m, kvd, vb), &rows),
+                     0);
+  }
+}
+
+static void attn_ref(const attn_setup *a, const float *q, int n, const int32_t *seq,
+                     const int32_t *pos, double scale, double *out) {
+  int hd = a->hd, kvd = a->n_kv * hd, qd = a->n_heads * hd;
+  double *s = TNEW(double, MAXB * BS);
+  for (int r = 0; r < n; r++)
+    for (int h = 0; h < a->n_heads; h++) {
+      int kvh = h / (a->n_heads / a->n_kv);
+      const float *qh = q + r * qd + h * hd;
+      double mx = -INFINITY, sum = 0;
+      for (int p = 0; p <= pos[r]; p++) {
+        const float *k = a->Kh + ((size_t)(seq[r] * MAXB * BS + p) * kvd) + kvh * hd;
+        double d = 0;
+        for (int i = 0; i < hd; i++) d += (double)qh[i] * k[i];
+        s[p] = d * scale;
+        if (s[p] > mx) mx = s[p];
+      }
+      for (int p = 0; p <= pos[r]; p++) sum += s[p] = exp(s[p] - mx);
+      double *o = out + r * qd + h * hd;
+      for (int i = 0; i < hd; i++) o[i] = 0;
+      for (int p = 0; p <= pos[r]; p++) {
+        const float *v = a->Vh + ((size_t)(seq[r] * MAXB * BS + p) * kvd) + kvh * hd;
+        for (int i = 0; i < hd; i++) o[i] += s[p] / sum * v[i];
+      }
+    }
+}
+
+// Rows at various positions of both sequences; later positions are in the cache too, so a
+// missing causal mask shows.
+enum { ATT_N = 6 };
+static const int32_t att_seq[ATT_N] = {0, 1, 0, 1, 0, 1};
+static const int32_t att_pos[ATT_N] = {13, 2, 0, 10, 6, 5};
+
+static const int gqa[][2] = {{4, 2}, {2, 2}, {4, 1}, {6, 3}};
+
+START_TEST(test_kv_store_attention) {
+  attn_setup a = {.n_heads = gqa[_i][0], .n_kv = gqa[_i][1], .hd = 20};
+  fill_cache(be, &a, 900 + (uint64_t)_i);
+  int kvd = a.n_kv * a.hd, qd = a.n_heads * a.hd;
+  // The pools hold each (seq, pos) at the slot its block table gives.
+  size_t pool = (size_t)NBLK * BS * kvd;
+  float *kc = TNEW(float, pool), *vc = TNEW(float, pool);
+  ck_assert_int_eq(be->ops->to_host(be, kc, a.kv.k, 0, pool * sizeof(float)), 0);
+  ck_assert_int_eq(be->ops->to_host(be, vc, a.kv.v, 0, pool * sizeof(float)), 0);
+  for (int s = 0; s < NSEQ; s++)
+    for (int p = 0; p < seq_len[s]; p++) {
+      size_t at = (size_t)slot_of(s, p) * kvd, src = (size_t)(s * MAXB * BS + p) * kvd;
+      ck_assert_mem_eq(kc + at, a.Kh + src, (size_t)kvd * sizeof(float));
+      ck_assert_mem_eq(vc + at, a.Vh + src, (size_t)kvd * sizeof(float));
+    }
+
+  uint64_t rng = 4242 + (uint64_t)_i;
+  float *qh = randv(&rng, (size_t)ATT_N * qd, 3.0f);
+  int32_t slot[ATT_N];
+  for (int i = 0; i < ATT_N; i++) slot[i] = slot_of(att_seq[i], att_pos[i]);
+  lks_attn_rows rows = {ATT_N, att_seq, att_pos, slot, block_table, MAXB};
+  lks_tensor q = upload(be, LKS_F32, ATT_N, qd, qh);
+  lks_tensor out = lks_tensor_cols(upload(be, LKS_F32, ATT_N, qd + 5, NULL), 3, qd);
+  float scale = 1.0f / sqrtf((float)a.hd);
+  ck_assert_int_eq(be->ops->attention(be, out, q, &a.kv, &rows, a.n_heads, scale), 0);
+  double *ref = TNEW(double, ATT_N * qd);
+  attn_ref(&a, qh, ATT_N, att_seq, att_pos, scale, ref);
+  ck_assert_rel(download(be, out), ref, ATT_N * qd, TOL, "attention heads %d/%d", a.n_heads,
+                a.n_kv);
+}
+END_TEST
+
+START_TEST(test_kv_slot_errors) {
+  attn_setup a = {.n_heads = 2, .n_kv = 1, .hd = 8};
+  fill_cache(be, &a, 5);
+  int kvd = a.n_kv * a.hd;
+  lks_tensor k = upload(be, LKS_F32, 1, kvd, NULL), v = upload(be, LKS_F32, 1, kvd, NULL);
+  lks_tensor q = upload(be, LKS_F32, 1, 2 * a.hd, NULL), o = upload(be, LKS_F32, 1, 2 * a.hd, NULL);
+  const int32_t bad_slots[] = {NBLK * BS, -1, 1 << 30};
+  for (int i = 0; i < 3; i++) {
+    int32_t seq = 0, pos = 1, slot = bad_slots[i];
+    lks_attn_rows rows = {1, &seq, &pos, &slot, block_table, MAXB};
+    lks_clear_error();
+    ck_assert_int_lt(be->ops->kv_store(be, &a.kv, k, v, &rows), 0);
+    ck_assert_str_ne(lks_last_error(), "");
+    ck_assert_int_lt(be->ops->attention(be, o, q, &a.kv, &rows, 2, 1.0f), 0);
+  }
+  // A position past the block table.
+  int32_t seq = 0, pos = MAXB * BS, slot = 0;
+  lks_attn_rows rows = {1, &seq, &pos, &slot, block_table, MAXB};
+  ck_assert_int_lt(be->ops->kv_store(be, &a.kv, k, v, &rows), 0);
+  ck_assert_int_lt(be->ops->attention(be, o, q, &a.kv, &rows, 2, 1.0f), 0);
+  pos = -1;
+  ck_assert_int_lt(be->ops->attention(be, o, q, &a.kv, &rows, 2, 1.0f), 0);
+  // The failed stores wrote nothing.
+  size_t pool = (size_t)NBLK * BS * kvd;
+  float *kc = TNEW(float, pool);
+  ck_assert_int_eq(be->ops->to_host(be, kc, a.kv.k, 0, pool * sizeof(float)), 0);
+  for (int s = 0; s < NSEQ; s++)
+    for (int p = 0; p < seq_len[s]; p++)
+      ck_assert_mem_eq(kc + (size_t)slot_of(s, p) * kvd, a.Kh + (size_t)(s * MAXB * BS + p) * kvd,
+                       (size_t)kvd * sizeof(float));
+}
+END_TEST
+
+// ---- MoE routing ----
+
+// Brute force from MODEL.md section 2, in double.
+static void route_ref(const float *logits, const float *bias, const lks_route_params *p,
+                      int32_t *ids, double *w) {
+  int E = p->n_experts, per = E / p->n_group;
+  double s[256], c[256];
+  bool keep_g[256], taken[256];
+  for (int e = 0; e < E; e++) {
+    s[e] = 1.0 / (1.0 + exp(-(double)logits[e]));
+    c[e] = s[e] + bias[e];
+    taken[e] = false;
+  }
+  for (int g = 0; g < p->n_group; g++) keep_g[g] = p->n_group == 1;
+  if (p->n_group > 1) {
+    double gs[256];
+    for (int g = 0; g < p->n_group; g++) {
+      double best1 = -INFINITY, best2 = -INFINITY;  // two largest, by sorting the group
+      for (int e = g * per; e < (g + 1) * per; e++) {
+        int rank = 0;
+        for (int f = g * per; f < (g + 1) * per; f++)
+          if (c[f] > c[e] || (c[f] == c[e] && f < e)) rank++;
+        if (rank == 0) best1 = c[e];
+        if (rank == 1) best2 = c[e];
+      }
+      gs[g] = best1 + best2;
+    }
+    for (int g = 0; g < p->n_group; g++) {  // kept iff fewer than topk_group groups beat it
+      int better = 0;
+      for (int f = 0; f < p->n_group; f++)
+        if (gs[f] > gs[g] || (gs[f] == gs[g] && f < g)) better++;
+      keep_g[g] = better < p->topk_group;
+    }
+  }
+  double sum = 0;
+  for (int k = 0; k < p->top_k; k++) {
+    int best = -1;
+    for (int e = 0; e < E; e++)
+      if (keep_g[e / per] && !taken[e] && (best < 0 || c[e] > c[best])) best = e;
+    ck_assert_int_ge(best, 0);
+    taken[best] = true;
+    ids[k] = best;
+    w[k] = s[best];
+    sum += s[best];
+  }
+  for (int k = 0; k < p->top_k; k++) {
+    if (p->norm_topk_prob) w[k] /= sum + 1e-20;
+    w[k] *= p->scaling;
+  }
+}
+
+// Runs the op on [n, E] logits and compares each row's (id, weight) set with the reference.
+static void check_route(const lks_route_params *p, int n, const float *logits, const float *bias,
+                        const char *what) {
+  int E = p->n_experts, k = p->top_k;
+  lks_tensor l = upload(be, LKS_F32, n, E, logits), b = upload(be, LKS_F32, 1, E, bias);
+  int32_t *ids = TNEW(int32_t, n * k), *rid = TNEW(int32_t, k);
+  float *w = TNEW(float, n * k), *wsorted = TNEW(float, k);
+  double *rw = TNEW(double, k);
+  ck_assert_int_eq(be->ops->route(be, l, b, p, ids, w), 0);
+  for (int r = 0; r < n; r++) {
+    route_ref(logits + r * E, bias, p, rid, rw);
+    // Same set of experts (in any order) with the same weights.
+    for (int j = 0; j < k; j++) {
+      int found = -1;
+      for (int i = 0; i < k; i++)
+        if (ids[r * k + i] == rid[j]) {
+          ck_assert_msg(found < 0, "%s: row %d selects expert %d twice", what, r, rid[j]);
+          found = i;
+        }
+      ck_assert_msg(found >= 0, "%s: row %d misses expert %d (E %d, k %d, groups %d/%d)", what,
+                    r, rid[j], E, k, p->topk_group, p->n_group);
+      wsorted[j] = w[r * k + found];
+    }
+    ck_assert_rel(wsorted, rw, k, TOL, "%s: weights of row %d", what, r);
+  }
+}
+
+static const struct {
+  int E, k, ng, tg;
+  bool norm;
+  float scaling;
+} route_cases[] = {
+    {16, 4, 1, 1, true, 2.5f},  {16, 4, 1, 1, false, 1.0f}, {16, 4, 4, 2, true, 1.0f},
+    {16, 3, 8, 3, false, 2.5f}, {32, 8, 4, 4, true, 1.5f},  {12, 2, 3, 1, true, 1.0f},
+    {160, 8, 1, 1, true, 2.5f}, {64, 6, 8, 3, false, 1.0f},
+};
+
+START_TEST(test_route_random) {
+  lks_route_params p = {route_cases[_i].E, route_cases[_i].k, route_cases[_i].ng,
+                        route_cases[_i].tg, route_cases[_i].norm, route_cases[_i].scaling};
+  const int n = 9;
+  uint64_t rng = 300 + (uint64_t)_i;
+  float *logits = randv(&rng, (size_t)(n * p.n_experts), 4.0f);
+  float *bias = randv(&rng, (size_t)p.n_experts, 0.3f);
+  check_route(&p, n, logits, bias, "random");
+}
+END_TEST
+
+START_TEST(test_route_rules) {
+  enum { E = 8 };
+  float zero[E] = {0}, flat[E], bias[E];
+  lks_route_params p = {E, 4, 1, 1, true, 1.0f};
+  int32_t ids[E];
+  float w[E];
+  // All scores equal: the lowest ids win.
+  for (int e = 0; e < E; e++) flat[e] = 0.5f;
+  lks_tensor l = upload(be, LKS_F32, 1, E, flat), bz = upload(be, LKS_F32, 1, E, zero);
+  ck_assert_int_eq(be->ops->route(be, l, bz, &p, ids, w), 0);
+  bool got[E] = {false};
+  for (int k = 0; k < 4; k++) got[ids[k]] = true;
+  for (int e = 0; e < 4; e++) ck_assert_msg(got[e], "tie: expert %d not selected", e);
+  for (int k = 0; k < 4; k++) ck_assert_float_eq_tol(w[k], 0.25f, 1e-7f);
+  check_route(&p, 1, flat, zero, "all equal");
+
+  // The bias selects but does not weight: expert 0 has the best score but a negative bias;
+  // experts 1, 2, 6 tie on score + bias (0.5 + 0.25) and 1, 2 win the tie.
+  float logits[E] = {3, 0, 0, 0, 0, 0, 0, 0};
+  float bsel[E] = {-0.5f, 0.25f, 0.25f, 0, 0, 0, 0.25f, 0};
+  p.top_k = 2;
+  p.norm_topk_prob = false;
+  p.scaling = 2.0f;
+  lks_tensor l2 = upload(be, LKS_F32, 1, E, logits), b2 = upload(be, LKS_F32, 1, E, bsel);
+  ck_assert_int_eq(be->ops->route(be, l2, b2, &p, ids, w), 0);
+  memset(got, 0, sizeof got);
+  for (int k = 0; k < 2; k++) {
+    got[ids[k]] = true;
+    ck_assert_float_eq_tol(w[k], 2.0f * 0.5f, 1e-6f);  // s = sigmoid(0), never s + bias
+  }
+  ck_assert(got[1] && got[2] && !got[6] && !got[0]);
+  check_route(&p, 1, logits, bsel, "bias selects");
+
+  // Groups score by the sum of their two best: group 0 holds the single best expert but group
+  // 1's pair is better, so with one group kept expert 0 is not chosen.
+  lks_route_params pg = {E, 2, 2, 1, true, 1.0f};
+  float lg[E] = {4, -4, -4, -4, 1, 1, -4, -4};
+  for (int e = 0; e < E; e++) bias[e] = 0;
+  lks_tensor l3 = upload(be, LKS_F32, 1, E, lg);
+  ck_assert_int_eq(be->ops->route(be, l3, bz, &pg, ids, w), 0);
+  ck_assert_msg((ids[0] == 4 && ids[1] == 5) || (ids[0] == 5 && ids[1] == 4),
+                "grouped: got %d %d", ids[0], ids[1]);
+  ck_assert_float_eq_tol(w[0], 0.5f, 1e-6f);
+  check_route(&pg, 1, lg, bias, "groups by two best");
+  // All groups tied: the lower group, then the lower ids.
+  lks_route_params pt = {E, 3, 4, 2, false, 1.0f};
+  check_route(&pt, 1, flat, zero, "grouped ties");
+  lks_tensor l4 = upload(be, LKS_F32, 1, E, flat);
+  ck_assert_int_eq(be->ops->route(be, l4, bz, &pt, ids, w), 0);
+  memset(got, 0, sizeof got);
+  for (int k = 0; k < 3; k++) got[ids[k]] = true;
+  ck_assert(got[0] && got[1] && got[2]);
+}
+END_TEST
+
+// ---- the SwiGLU expert ----
+
+static double silu(double v) { return v / (1.0 + exp(-v)); }
+
+static const int expert_n[] = {1, 2, 5};
+static const int32_t expert_rows[3][5] = {{4}, {5, 1}, {4, 1, 3, 0, 5}};
+
+// Case _i: weight dtype (F32, BF16, F16) x rows NULL / given x weights NULL / given x n_rows.
+START_TEST(test_expert) {
+  lks_dtype dt = mm_dtypes[_i % 3];
+  bool use_rows = (_i / 3) % 2, use_w = (_i / 6) % 2;
+  int ni = (_i / 12) % 3, n = expert_n[ni];
+  const int64_t R = 6, H = 40, I = 24, pad = 3;
+  const int32_t *rows = use_rows ? expert_rows[ni] : NULL;
+  const float wts[5] = {0.7f, -1.3f, 0.25f, 2.0f, 0.5f};
+  uint64_t rng = 600 + (uint64_t)_i;
+  float *xh = randv(&rng, (size_t)(R * (H + pad)), 2.0f);
+  float *oh = randv(&rng, (size_t)(R * (H + pad)), 1.0f);
+  for (int64_t r = 0; r < R; r++)
+    for (int64_t c = H; c < H + pad; c++) {
+      xh[r * (H + pad) + c] = NAN;
+      oh[r * (H + pad) + c] = SENTINEL;
+    }
+  double *gx = TNEW(double, I * H), *ux = TNEW(double, I * H), *dx = TNEW(double, H * I);
+  void *gb = encode(dt, randv(&rng, (size_t)(I * H), 0.5f), (size_t)(I * H), gx);
+  void *ub = encode(dt, randv(&rng, (size_t)(I * H), 0.5f), (size_t)(I * H), ux);
+  void *db = encode(dt, randv(&rng, (size_t)(H * I), 0.5f), (size_t)(H * I), dx);
+  lks_tensor x = lks_tensor_cols(upload(be, LKS_F32, R, H + pad, xh), 0, H);
+  lks_tensor o_full = upload(be, LKS_F32, R, H + pad, oh);
+  lks_tensor o = lks_tensor_cols(o_full, 0, H);
+  ck_assert_int_eq(be->ops->expert(be, o, x, rows, use_w ? wts : NULL, n,
+                                   upload(be, dt, I, H, gb), upload(be, dt, I, H, ub),
+                                   upload(be, dt, H, I, db)),
+                   0);
+  double *ref = TNEW(double, R * H), *a = TNEW(double, I);
+  for (int64_t r = 0; r < R; r++)
+    for (int64_t c = 0; c < H; c++) ref[r * H + c] = oh[r * (H + pad) + c];
+  bool *touched = TNEW(bool, R);
+  for (int i = 0; i < n; i++) {
+    int r = rows ? rows[i] : i;
+    touched[r] = true;
+    const float *xr = xh + r * (H + pad);
+    for (int64_t j = 0; j < I; j++) {
+      double g = 0, u = 0;
+      for (int64_t k = 0; k < H; k++) {
+        g += gx[j * H + k] * xr[k];
+        u += ux[j * H + k] * xr[k];
+      }
+      a[j] = silu(g) * u;
+    }
+    for (int64_t c = 0; c < H; c++) {
+      double d = 0;
+      for (int64_t j = 0; j < I; j++) d += dx[c * I + j] * a[j];
+      ref[r * H + c] += (use_w ? wts[i] : 1.0) * d;
+    }
+  }
+  float *got = download(be, o);
+  ck_assert_rel(got, ref, R * H, TOL, "expert %s rows=%d weights=%d n=%d", lks_dtype_name(dt),
+                use_rows, use_w, n);
+  for (int64_t r = 0; r < R; r++)
+    if (!touched[r])
+      ck_assert_mem_eq(got + r * H, oh + r * (H + pad), (size_t)H * sizeof(float));
+  float *full = download(be, o_full);
+  for (int64_t r = 0; r < R; r++)
+    for (int64_t c = H; c < H + pad; c++) ck_assert_float_eq(full[r * (H + pad) + c], SENTINEL);
+}
+END_TEST
+
+// ---- results do not depend on the number of threads ----
+
+// Each op once on 1 thread, then three times on 3 threads (the first call may find the workers
+// asleep and run alone; the later ones find them spinning).
+enum { RUNS = 4 };
+
+START_TEST(test_threads_bitwise) {
+  lks_backend *b1 = new_backend(1), *b3 = new_backend(3);
+  lks_backend *runs[RUNS] = {b1, b3, b3, b3};
+  const int64_t M = 300, K = 259;
+  static const int ns[] = {1, 2, 5};
+  for (int d = 0; d < 3; d++)
+    for (int ni = 0; ni < 3; ni++) {
+      int n = ns[ni];
+      uint64_t rng = 71 + (uint64_t)(d * 3 + ni);
+      float *xh = randv(&rng, (size_t)(n * K), 1.0f), *wf = randv(&rng, (size_t)(M * K), 1.0f);
+      float *bh = randv(&rng, (size_t)M, 1.0f);
+      void *wb = encode(mm_dtypes[d], wf, (size_t)(M * K), NULL);
+      float *res[RUNS];
+      for (int t = 0; t < RUNS; t++) {
+        lks_backend *b = runs[t];
+        lks_tensor o = upload(b, LKS_F32, n, M, NULL);
+        ck_assert_int_eq(b->ops->matmul(b, o, upload(b, LKS_F32, n, K, xh),
+                                        upload(b, mm_dtypes[d], M, K, wb),
+                                        upload(b, LKS_F32, 1, M, bh), false),
+                         0);
+        res[t] = download(b, o);
+        ck_assert_msg(memcmp(res[0], res[t], (size_t)(n * M) * sizeof(float)) == 0,
+                      "matmul %s n=%d: run %d on 3 threads differs from 1 thread",
+                      lks_dtype_name(mm_dtypes[d]), n, t);
+      }
+    }
+
+  attn_setup a[2] = {{.n_heads = 8, .n_kv = 2, .hd = 64}, {.n_heads = 8, .n_kv = 2, .hd = 64}};
+  fill_cache(b1, &a[0], 17);
+  fill_cache(b3, &a[1], 17);
+  uint64_t rng = 18;
+  const int qd = 8 * 64;
+  float *qh = randv(&rng, (size_t)ATT_N * qd, 3.0f);
+  int32_t slot[ATT_N];
+  for (int i = 0; i < ATT_N; i++) slot[i] = slot_of(att_seq[i], att_pos[i]);
+  lks_attn_rows rows = {ATT_N, att_seq, att_pos, slot, block_table, MAXB};
+  float *att[RUNS];
+  for (int t = 0; t < RUNS; t++) {
+    lks_backend *b = runs[t];
+    lks_tensor o = upload(b, LKS_F32, ATT_N, qd, NULL);
+    ck_assert_int_eq(b->ops->attention(b, o, upload(b, LKS_F32, ATT_N, qd, qh), &a[t > 0].kv,
+                                       &rows, 8, 0.125f),
+                     0);
+    att[t] = download(b, o);
+    ck_assert_msg(memcmp(att[0], att[t], (size_t)ATT_N * qd * sizeof(float)) == 0,
+                  "attention: run %d on 3 threads differs from 1 thread", t);
+  }
+
+  // The expert: gate and up in one job, down in another.
+  const int64_t H = 96, I = 200, R = 7;
+  float *xh = randv(&rng, (size_t)(R * H), 1.0f);
+  void *gb = encode(LKS_BF16, randv(&rng, (size_t)(I * H), 0.3f), (size_t)(I * H), NULL);
+  void *ub = encode(LKS_BF16, randv(&rng, (size_t)(I * H), 0.3f), (size_t)(I * H), NULL);
+  void *db = encode(LKS_BF16, randv(&rng, (size_t)(H * I), 0.3f), (size_t)(H * I), NULL);
+  const int32_t erows[] = {6, 2, 3};
+  const float wts[] = {0.5f, 1.5f, -1.0f};
+  float *ex[RUNS];
+  for (int t = 0; t < RUNS; t++) {
+    lks_backend *b = runs[t];
+    lks_tensor o = upload(b, LKS_F32, R, H, NULL);
+    ck_assert_int_eq(b->ops->expert(b, o, upload(b, LKS_F32, R, H, xh), erows, wts, 3,
+                                    upload(b, LKS_BF16, I, H, gb), upload(b, LKS_BF16, I, H, ub),
+                                    upload(b, LKS_BF16, H, I, db)),
+                     0);
+    ex[t] = download(b, o);
+    ck_assert_msg(memcmp(ex[0], ex[t], (size_t)(R * H) * sizeof(float)) == 0,
+                  "expert: run %d on 3 threads differs from 1 thread", t);
+  }
+}
+END_TEST
+
+// ---- the thread pool ----
+
+enum { POOL_MAX_TASKS = 1000, POOL_MAX_THREADS = 8 };
+typedef struct {
+  atomic_llong sum;
+  atomic_int hits[POOL_MAX_TASKS];
+  atomic_int busy[POOL_MAX_THREADS];  // a scratch slot used by two threads at once shows here
+  atomic_int errors;
+  int n_threads;
+  bool slow;  // tasks on worker threads take a while: the caller must wait for them
+} pool_ctx;
+
+static void pool_task(void *ctx, int task, int thread) {
+  pool_ctx *c = ctx;
+  if (thread < 0 || thread >= c->n_threads || task < 0 || task >= POOL_MAX_TASKS) {
+    atomic_fetch_add(&c->errors, 1);
+    return;
+  }
+  if (atomic_exchange(&c->busy[thread], 1) != 0) atomic_fetch_add(&c->errors, 1);
+  if (c->slow) {
+    // Long enough for sleeping workers to wake and claim tasks; a worker's task outlasts all
+    // of the caller's, so a caller that returned before the workers finished would see it.
+    usleep(thread == 0 ? 100 : 2000);
+  } else if (task % 7 == 0) {  // uneven tasks
+    volatile int spin = 0;
+    for (int i = 0; i < 2000; i++) spin += i;
+    (void)spin;
+  }
+  // Counted at the end of the task: a run that returns early misses it.
+  atomic_fetch_add(&c->sum, task);
+  atomic_fetch_add(&c->hits[task], 1);
+  atomic_store(&c->busy[thread], 0);
+}
+
+START_TEST(test_pool_sums) {
+  static const int threads[] = {1, 4, 3};
+  int nt = threads[_i];
+  lks_pool *p = lks_pool_new(nt);
+  ck_assert_ptr_nonnull(p);
+  ck_assert_int_eq(lks_pool_size(p), nt);
+  pool_ctx *c = TNEW(pool_ctx, 1);
+  c->n_threads = nt;
+  lks_pool_run(p, 0, pool_task, c);  // no tasks: fn never runs
+  ck_assert_int_eq(atomic_load(&c->sum), 0);
+  for (int round = 0; round < 300; round++) {
+    int n = round < 10 ? round + 1 : (round * 379) % POOL_MAX_TASKS + 1;
+    c->slow = round % 10 == 5;
+    if (c->slow) n = 4 * nt + 1;
+    atomic_store(&c->sum, 0);
+    for (int t = 0; t < POOL_MAX_TASKS; t++) atomic_store(&c->hits[t], 0);
+    lks_pool_run(p, n, pool_task, c);
+    ck_assert_int_eq(atomic_load(&c->errors), 0);
+    ck_assert_int_eq(atomic_load(&c->sum), (long long)n * (n - 1) / 2);
+    for (int t = 0; t < POOL_MAX_TASKS; t++)
+      ck_assert_msg(atomic_load(&c->hits[t]) == (t < n), "round %d: task %d ran %d times", round,
+                    t, atomic_load(&c->hits[t]));
+  }
+  lks_pool_free(p);
+  lks_pool_free(NULL);
+}
+END_TEST
+
+static TCase *tcase(const char *name, int timeout) {
+  TCase *tc = tcase_create(name);
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_set_timeout(tc, timeout);
+  return tc;
+}
+
+static Suite *backend_suite(void) {
+  Suite *s = suite_create("backend_cpu");
+  TCase *tc = tcase("helpers", 30);
+  tcase_add_test(tc, test_rel_err_rejects_nan);
+  tcase_add_test(tc, test_f16_codec);
+  tcase_add_test(tc, test_buffers_and_views);
+  suite_add_tcase(s, tc);
+
+  tc = tcase("kernels", 60);
+  tcase_add_test(tc, test_dot_kernels);
+  suite_add_tcase(s, tc);
+
+  tc = tcase("matmul", 60);
+  tcase_add_loop_test(tc, test_matmul, 0, 96);
+  tcase_add_test(tc, test_matmul_shape_errors);
+  tcase_add_test(tc, test_matmul_simd_levels);
+  suite_add_tcase(s, tc);
+
+  tc = tcase("elementwise", 30);
+  tcase_add_loop_test(tc, test_rmsnorm, 0, 4);
+  tcase_add_loop_test(tc, test_rope, 0, 8);
+  tcase_add_test(tc, test_embed);
+  tcase_add_test(tc, test_gather_rows);
+  tcase_add_test(tc, test_argmax);
+  suite_add_tcase(s, tc);
+
+  tc = tcase("attention", 60);
+  tcase_add_loop_test(tc, test_kv_store_attention, 0, (int)(sizeof gqa / sizeof gqa[0]));
+  tcase_add_test(tc, test_kv_slot_errors);
+  suite_add_tcase(s, tc);
+
+  tc = tcase("moe", 60);
+  tcase_add_loop_test(tc, test_route_random, 0, (int)(sizeof route_cases / sizeof route_cases[0]));
+  tcase_add_test(tc, test_route_rules);
+  tcase_add_loop_test(tc, test_expert, 0, 36);
+  suite_add_tcase(s, tc);
+
+  tc = tcase("threads", 120);
+  tcase_add_test(tc, test_threads_bitwise);
+  tcase_add_loop_test(tc, test_pool_sums, 0, 3);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(backend_suite());
+  srunner_set_fork_status(sr, CK_FORK);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

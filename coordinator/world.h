@@ -1,0 +1,43 @@
+// SPDX-License-Identifier: MIT
+// The world: every rank's start-up (DESIGN.md section 6) and rank 0's way of running a command
+// everywhere. lks_world_start runs on every rank: MPI, the fingerprint agreement (any difference
+// in protocol, build, model or forward-changing flags stops every rank with a message naming the
+// field and the ranks), this rank's shard of the model, the engine, and the control plane. Rank
+// 0 then drives the world with lks_world_submit (send the command to every worker, then run it
+// here); the other ranks run lks_worker_run until shutdown.
+#ifndef LKS_WORLD_H
+#define LKS_WORLD_H
+
+#include "core/backend.h"
+#include "core/comm.h"
+#include "core/control.h"
+#include "core/settings.h"
+#include "model/engine.h"
+#include "model/model.h"
+
+typedef struct lks_world {
+  int rank, world;
+  const lks_settings *settings;
+  lks_backend *be;
+  lks_comm *comm;
+  lks_model *model;
+  lks_engine *engine;
+  lks_ctl *ctl;  // NULL at world 1
+  double heartbeat_s;
+  // Rank 0's time split of submitted commands (for bench): control plane, compute, collectives.
+  double t_control, t_exec, t_comm;
+  uint64_t n_submitted;
+} lks_world;
+
+// Starts this rank's part of the world. NULL on failure (lks_last_error() says why; the other
+// ranks fail too, within the deadlines).
+lks_world *lks_world_start(const lks_settings *s, const char *model_dir, int max_slots);
+// Rank 0: stamps and sends `cmd` to every worker, then executes it here.
+int lks_world_submit(lks_world *w, Lockstep__Command *cmd, lks_engine_out *out);
+// Rank 0: tells the workers to exit and waits for their acks; then frees (all ranks).
+void lks_world_stop(lks_world *w);
+
+// Compares the fingerprints of all ranks (a collective). Exposed for tests.
+int lks_world_agree(lks_comm *comm, const lks_settings *s, const char *model_dir);
+
+#endif

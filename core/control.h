@@ -1,0 +1,56 @@
+// SPDX-License-Identifier: MIT
+// The control plane (DESIGN.md sections 1, 3 and 6): rank 0 sends every worker each command over
+// ZeroMQ before running its own part; workers answer with acks. One DEALER socket pair per worker
+// (bound by rank 0 on an ephemeral TCP port, endpoints handed out through MPI), so delivery is
+// reliable and ordered per worker, no high-water mark drops anything (HWM 0), and a socket
+// monitor names the rank whose connection drops. The conversation starts with a hello from each
+// worker: no command is sent before every worker is connected (no slow joiner).
+//
+// Commands are protobuf-c messages (proto/lockstep.proto), one per frame. Rank 0 stamps the
+// protocol version and the next step id; a worker checks both and the payload's type before
+// executing anything. Nothing waits forever: every receive has a deadline.
+//
+// Used from one thread per process.
+#ifndef LKS_CONTROL_H
+#define LKS_CONTROL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/comm.h"
+#include "proto/lockstep.pb-c.h"
+
+#define LKS_PROTOCOL_VERSION 1
+
+typedef struct lks_ctl lks_ctl;
+
+// Collective over `comm`: rank 0 binds one socket per worker, the endpoints go out by MPI, the
+// workers connect and say hello; returns when all are connected or fails after timeout_s.
+lks_ctl *lks_ctl_new(lks_comm *comm, double timeout_s);
+void lks_ctl_free(lks_ctl *c);
+
+// Rank 0: stamps version and the next step id into cmd and sends it to every worker. Also
+// reads any acks that arrived (errors from workers fail the call, naming the rank).
+int lks_ctl_send(lks_ctl *c, Lockstep__Command *cmd);
+// Rank 0: waits until every worker acked step `step` (or the deadline passes).
+int lks_ctl_wait_acks(lks_ctl *c, uint64_t step, double timeout_s);
+
+// Worker: the next command, validated (version, step id, payload type); the caller frees it with
+// lockstep__command__free_unpacked. Fails after timeout_s without one, or when the coordinator
+// disconnects.
+int lks_ctl_recv(lks_ctl *c, Lockstep__Command **cmd, double timeout_s);
+// Decodes one frame into a command and checks it: protocol version, step id == expected_step,
+// a payload that matches the type. The caller frees *cmd (lockstep__command__free_unpacked).
+int lks_cmd_decode(const void *buf, size_t len, uint64_t expected_step, Lockstep__Command **cmd);
+// Worker: answers a command.
+int lks_ctl_ack(lks_ctl *c, uint64_t step, int status, const char *error, double exec_s,
+                double comm_s);
+
+// The liveness check for collectives (lks_comm_poll_fn): fails when a peer's connection dropped
+// or a worker reported an error.
+int lks_ctl_poll(void *ctl);
+
+// Rank 0's view of the last acks: the slowest worker's execution time of the last acked step.
+double lks_ctl_last_worker_exec(const lks_ctl *c);
+
+#endif

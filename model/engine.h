@@ -1,0 +1,39 @@
+// SPDX-License-Identifier: MIT
+// The engine executes one command of the command set (proto/lockstep.proto) on this rank: the
+// same code runs on rank 0 for its own shard and on every worker, so that every rank does the
+// same thing in the same order (the lockstep rule, DESIGN.md section 2). It owns the sequence
+// slots and their KV caches. Everything in a command is validated before anything runs, so a
+// bad command is refused the same way on every rank and changes nothing.
+#ifndef LKS_ENGINE_H
+#define LKS_ENGINE_H
+
+#include <stdint.h>
+
+#include "model/model.h"
+#include "proto/lockstep.pb-c.h"
+
+typedef struct lks_engine lks_engine;
+
+// What a forward command hands back (on every rank; rank 0 uses it). Host memory owned by the
+// engine, valid until the next exec.
+typedef struct lks_engine_out {
+  int n;             // output rows
+  const int32_t *tokens;  // OUT_GREEDY: [n] arg-max ids
+  const float *logits;    // OUT_LOGITS: [n, vocab]
+} lks_engine_out;
+
+// Slots for max_slots sequences of up to max_seq_len positions, KV blocks of `block` positions.
+lks_engine *lks_engine_new(lks_model *m, int max_slots, int max_seq_len, int block);
+void lks_engine_free(lks_engine *e);
+
+// Checks a command against the engine's state without running it: 0, or an error naming what
+// is wrong (slot, position, token, count).
+int lks_engine_check(const lks_engine *e, const Lockstep__Command *cmd);
+// Checks and runs a command. Forward commands are collectives at world > 1.
+int lks_engine_exec(lks_engine *e, const Lockstep__Command *cmd, lks_engine_out *out);
+
+lks_model *lks_engine_model(const lks_engine *e);
+// Positions the slot holds (-1 when free).
+int lks_engine_slot_len(const lks_engine *e, int slot);
+
+#endif
