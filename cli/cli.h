@@ -18,8 +18,6 @@ int lks_cmd_detokenize(lks_settings *s, const char *dir, const char *ids);
 
 // The model directory: --model, else the default model this build ships with.
 const char *lks_cli_model_dir(const lks_settings *s);
-// Creates the backend and loads the model; prints the error and returns -1 on failure.
-int lks_cli_open(const lks_settings *s, lks_backend **be, lks_model **m);
 // Parses "11,42,7" into ids (allocated; caller frees), each checked against [0, vocab).
 int lks_cli_parse_ids(const char *text, int vocab, int32_t **ids, int *n);
 double lks_now(void);

@@ -6,6 +6,7 @@
 // printing (ids, or text for --prompt / --chat) are cli/text.c's.
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cli/cli.h"
 #include "cli/text.h"
@@ -13,49 +14,17 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "model/sample.h"
+#include "spec/spec.h"
 
-// Runs one forward of `n` tokens of slot 0 from position `start`; sets *next to the greedy or
-// sampled token of the last row.
-static int step(lks_world *w, Lockstep__CmdType type, int32_t *tokens, int n, int start,
-                const lks_sampling *sp, lks_rng *rng, int32_t *next) {
-  Lockstep__SlotTokens st = LOCKSTEP__SLOT_TOKENS__INIT;
-  Lockstep__SlotTokens *seqs[1] = {&st};
-  st.slot = 0;
-  st.start_pos = (uint32_t)start;
-  st.tokens = tokens;
-  st.n_tokens = (size_t)n;
-  st.want_last = true;
-  Lockstep__Forward f = LOCKSTEP__FORWARD__INIT;
-  f.seqs = seqs;
-  f.n_seqs = 1;
-  f.output = sp->temperature > 0 ? LOCKSTEP__OUTPUT_MODE__OUT_LOGITS : LOCKSTEP__OUTPUT_MODE__OUT_GREEDY;
-  Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
-  cmd.type = type;
-  cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_FORWARD;
-  cmd.forward = &f;
-  lks_engine_out out;
-  LKS_TRY(lks_world_submit(w, &cmd, &out));
-  if (sp->temperature <= 0) {
-    *next = out.tokens[0];
-    return 0;
-  }
-  int tok = lks_sample(out.logits, lks_model_config(w->model)->vocab, sp, rng);
-  if (tok < 0) return tok;
-  *next = tok;
-  return 0;
-}
+typedef struct {
+  lks_cli_text *text;
+  int index;
+} printer;
 
-static int slot_cmd(lks_world *w, Lockstep__CmdType type, int max_len) {
-  uint32_t slot = 0;
-  Lockstep__SlotList sl = LOCKSTEP__SLOT_LIST__INIT;
-  sl.slots = &slot;
-  sl.n_slots = 1;
-  sl.token_budget = (uint32_t)max_len;
-  Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
-  cmd.type = type;
-  cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_SLOTS;
-  cmd.slots = &sl;
-  return lks_world_submit(w, &cmd, NULL);
+static int print_token(void *ctx, int32_t tok, bool eos, bool *stop) {
+  (void)stop;
+  printer *p = ctx;
+  return lks_cli_print_token(p->text, tok, p->index++, eos);
 }
 
 int lks_cmd_generate(lks_settings *s) {
@@ -69,6 +38,7 @@ int lks_cmd_generate(lks_settings *s) {
   int rc = 1, n_prompt = 0;
   int32_t *prompt = NULL;
   lks_cli_text *text = NULL;  // --prompt / --chat: the tokenizer and the text printer
+  lks_proposer *proposer = NULL;
   if ((rc = lks_cli_prompt(s, c, &text, &prompt, &n_prompt)) != 0) goto done;
   rc = 1;
   int n_gen = (int)lks_settings_int(s, "n"), max_len = (int)lks_settings_int(s, "max-seq-len");
@@ -78,40 +48,46 @@ int lks_cmd_generate(lks_settings *s) {
     rc = 2;
     goto done;
   }
-  lks_sampling sp = {(float)lks_settings_float(s, "temperature"), (int)lks_settings_int(s, "top-k"),
-                     (float)lks_settings_float(s, "top-p")};
+  lks_spec_opts o = {0};
+  o.sampling = (lks_sampling){(float)lks_settings_float(s, "temperature"),
+                              (int)lks_settings_int(s, "top-k"), (float)lks_settings_float(s, "top-p")};
   lks_rng rng;
   lks_rng_seed(&rng, (uint64_t)lks_settings_int(s, "seed"));
-  bool ignore_eos = lks_settings_bool(s, "ignore-eos");
-  if (slot_cmd(w, LOCKSTEP__CMD_TYPE__EP_CMD_ALLOC_SLOT, n_prompt + n_gen) < 0) goto fail;
-  double t0 = lks_now();
-  int32_t tok;
-  if (n_gen > 0 && step(w, LOCKSTEP__CMD_TYPE__EP_CMD_PREFILL, prompt, n_prompt, 0, &sp, &rng, &tok) < 0)
-    goto fail;
-  double t_prefill = lks_now() - t0;
-  int produced = 0;
-  while (produced < n_gen) {
-    bool eos = false;
-    for (int i = 0; i < c->n_eos; i++) eos |= tok == c->eos[i];
-    if (lks_cli_print_token(text, tok, produced, eos && !ignore_eos) < 0) goto fail;
-    produced++;
-    if ((eos && !ignore_eos) || produced == n_gen) break;
-    int32_t in = tok;
-    if (step(w, LOCKSTEP__CMD_TYPE__EP_CMD_DECODE, &in, 1, n_prompt + produced - 1, &sp, &rng, &tok) < 0)
-      goto fail;
+  o.rng = &rng;
+  o.ignore_eos = lks_settings_bool(s, "ignore-eos");
+  o.k_max = (int)lks_settings_int(s, "num-drafts");
+  o.gate = lks_settings_bool(s, "spec-gate");
+  if (lks_ladder_parse(lks_settings_str(s, "ladder"), &o.ladder) < 0) {
+    fprintf(stderr, "lockstep generate: %s\n", lks_last_error());
+    rc = 2;
+    goto done;
   }
+  const char *spec = lks_settings_str(s, "spec");
+  if (strcmp(spec, "off") != 0 && !(proposer = lks_proposer_new(spec, w))) {
+    fprintf(stderr, "lockstep generate: %s\n", lks_last_error());
+    rc = 2;
+    goto done;
+  }
+  o.proposer = proposer;
+  printer pr = {text, 0};
+  o.emit = print_token;
+  o.emit_ctx = &pr;
+  lks_spec_stats st;
+  double t0 = lks_now();
+  if (lks_spec_generate(w, prompt, n_prompt, n_gen, &o, &st) < 0) goto fail;
   if (lks_cli_print_end(text) < 0) goto fail;
-  if (slot_cmd(w, LOCKSTEP__CMD_TYPE__EP_CMD_FREE_SLOT, 0) < 0) goto fail;
   double total = lks_now() - t0;
-  LKS_LOG(LKS_LOG_INFO, "prefill %d tokens in %.3f s (%.1f tok/s); decode %d tokens in %.3f s (%.2f tok/s)",
-          n_prompt, t_prefill, n_prompt / t_prefill, produced > 1 ? produced - 1 : 0,
-          total - t_prefill, produced > 1 ? (produced - 1) / (total - t_prefill) : 0.0);
+  LKS_LOG(LKS_LOG_INFO, "%d prompt tokens, %llu generated in %.3f s (%.2f tokens/s, %llu target forwards)",
+          n_prompt, (unsigned long long)st.emitted, total, st.emitted / total,
+          (unsigned long long)st.target_forwards);
+  if (proposer) lks_spec_stats_print(&st, spec);
   rc = 0;
   goto done;
 fail:
   fprintf(stderr, "lockstep generate: %s\n", lks_last_error());
   rc = 1;
 done:
+  lks_proposer_free(proposer);
   lks_cli_text_free(text);
   free(prompt);
   lks_world_stop(w);

@@ -32,71 +32,9 @@ static void usage(FILE *f) {
   fprintf(f, "\ndefault model: %s\n", LKS_DEFAULT_MODEL);
 }
 
-int lks_cli_worker(lks_world *w) {
-  int rc = lks_worker_run(w);
-  if (rc < 0) LKS_LOG(LKS_LOG_ERROR, "worker: %s", lks_last_error());
-  lks_world_stop(w);
-  return rc < 0 ? 1 : 0;
-}
-
-double lks_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 const char *lks_cli_model_dir(const lks_settings *s) {
   const char *m = lks_settings_str(s, "model");
   return m ? m : LKS_DEFAULT_MODEL;
-}
-
-int lks_cli_open(const lks_settings *s, lks_backend **be, lks_model **m) {
-  *be = lks_backend_new(lks_settings_str(s, "backend"), (int)lks_settings_int(s, "threads"));
-  if (!*be) {
-    fprintf(stderr, "lockstep: %s\n", lks_last_error());
-    return -1;
-  }
-  const char *dir = lks_cli_model_dir(s);
-  double t0 = lks_now();
-  *m = lks_model_load(dir, *be, NULL, NULL);
-  if (!*m) {
-    fprintf(stderr, "lockstep: cannot load model %s: %s\n", dir, lks_last_error());
-    lks_backend_free(*be);
-    *be = NULL;
-    return -1;
-  }
-  LKS_LOG(LKS_LOG_INFO, "loaded %s in %.2f s", dir, lks_now() - t0);
-  return 0;
-}
-
-int lks_cli_parse_ids(const char *text, int vocab, int32_t **ids, int *n) {
-  *n = 0;
-  *ids = NULL;
-  int cap = 1;
-  for (const char *p = text; *p; p++) cap += *p == ',';
-  int32_t *out = malloc((size_t)cap * sizeof *out);
-  if (!out) return lks_set_error(LKS_ENOMEM, "out of memory");
-  const char *p = text;
-  while (*p) {
-    char *end;
-    long v = strtol(p, &end, 10);
-    if (end == p || (*end && *end != ',')) {
-      free(out);
-      return lks_set_error(LKS_EINVAL, "--prompt-ids: '%s' is not a comma-separated list of integers", text);
-    }
-    if (v < 0 || v >= vocab) {
-      free(out);
-      return lks_set_error(LKS_ERANGE, "--prompt-ids: token id %ld outside the vocabulary [0, %d)", v, vocab);
-    }
-    out[(*n)++] = (int32_t)v;
-    p = *end ? end + 1 : end;
-  }
-  if (*n == 0) {
-    free(out);
-    return lks_set_error(LKS_EINVAL, "--prompt-ids is empty");
-  }
-  *ids = out;
-  return 0;
 }
 
 int main(int argc, char **argv) {

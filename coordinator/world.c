@@ -23,7 +23,7 @@ static double now(void) {
 
 // ---- fingerprint ----
 
-enum { FP_FIELDS = 8, FP_NAME = 24, FP_VALUE = 104 };
+enum { FP_FIELDS = 10, FP_NAME = 24, FP_VALUE = 104 };
 typedef struct {
   char name[FP_FIELDS][FP_NAME];
   char value[FP_FIELDS][FP_VALUE];
@@ -71,6 +71,9 @@ static int fp_make(fingerprint *f, const lks_settings *s, const char *dir) {
   fp_set(f, 6, "kv-block", v);
   snprintf(v, sizeof v, "%ld", lks_settings_int(s, "max-slots"));
   fp_set(f, 7, "max-slots", v);
+  fp_set(f, 8, "spec", lks_settings_str(s, "spec"));
+  snprintf(v, sizeof v, "%ld", lks_settings_int(s, "num-drafts"));
+  fp_set(f, 9, "num-drafts", v);
   return 0;
 }
 

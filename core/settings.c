@@ -21,6 +21,13 @@ static const lks_setting_def defs[] = {
     {"max-seq-len", 0, LKS_SET_INT, 16, 1 << 24, "4096", false,
      "longest sequence (prompt + generated) the KV cache holds"},
     {"kv-block", 0, LKS_SET_INT, 1, 1024, "16", false, "tokens per KV cache block"},
+    {"spec", 0, LKS_SET_STR, 0, 0, "off", true,
+     "speculative decoding: off, mtp (the model's MTP layer) or ngram (prompt lookup)"},
+    {"num-drafts", 'k', LKS_SET_INT, 1, 16, "3", true, "drafts per speculative round (at most)"},
+    {"ladder", 0, LKS_SET_STR, 0, 0, "", true,
+     "drafts by batch width, e.g. 4:3,8:3,16:1,32:1 (empty: --num-drafts at any width)"},
+    {"spec-gate", 0, LKS_SET_BOOL, 0, 0, "true", true,
+     "turn speculation off for a sequence while plain decoding is faster"},
     {"world", 0, LKS_SET_INT, 1, 1024, "1", false,
      "inspect: show how the model splits over this many ranks"},
     {"max-slots", 0, LKS_SET_INT, 1, 4096, "8", false, "sequence slots (concurrent sequences)"},
@@ -174,7 +181,13 @@ int lks_settings_parse_args(lks_settings *s, int argc, char **argv, const char *
     }
     if (i < 0) return lks_set_error(LKS_EINVAL, "unknown option '%s' (see --help)", arg);
     const char *val = inline_val;
-    if (!val && defs[i].type == LKS_SET_BOOL) val = "true";
+    if (!val && defs[i].type == LKS_SET_BOOL) {
+      // `--flag` alone is true; `--flag false` (or true/yes/no/on/off/1/0) takes the value.
+      static const char *lit[] = {"true", "false", "yes", "no", "on", "off", "1", "0"};
+      val = "true";
+      for (size_t l = 0; a + 1 < argc && l < sizeof lit / sizeof lit[0]; l++)
+        if (!strcmp(argv[a + 1], lit[l])) val = argv[++a];
+    }
     if (!val) {
       if (a + 1 >= argc)
         return lks_set_error(LKS_EINVAL, "option --%s needs a value", defs[i].name);

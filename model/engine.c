@@ -8,9 +8,27 @@
 #include "core/error.h"
 #include "core/log.h"
 
+enum { MAX_DRAFTS = LKS_MAX_DRAFTS };
+
+// A slot's drafter state: the target hidden states its MTP cache still lacks (kept from the
+// last forward with mtp set), and the drafts of its last propose (checked against the verify).
+typedef struct {
+  lks_buf *hid;           // [MAX_DRAFTS + 1, H]
+  int hid_rows, hid_pos;  // rows kept, position of the first
+  int32_t drafts[MAX_DRAFTS];
+  int n_drafts, draft_pos;  // position of the verify row that carries the first draft
+} spec_slot;
+
 struct lks_engine {
   lks_model *m;
   lks_kv_cache *kv;
+  lks_kv_cache *mkv;  // the MTP layer's cache (NULL without an MTP layer)
+  spec_slot *spec;    // [max_slots]
+  lks_buf *stage;     // [cap_stage, H] MTP inputs gathered from several slots
+  int cap_stage;
+  int32_t *m_tok, *m_pos, *m_seq, *m_rows, *m_out, *m_last;
+  int cap_m;
+  int32_t *drafts;    // [max_slots * MAX_DRAFTS] the last propose's drafts, for the caller
   int max_slots, max_len;
   // Host scratch for one forward.
   int32_t *tok, *pos, *seq, *out_rows, *out_tok;
@@ -30,11 +48,38 @@ lks_engine *lks_engine_new(lks_model *m, int max_slots, int max_seq_len, int blo
     free(e);
     return NULL;
   }
+  if (lks_model_has_mtp(m)) {
+    lks_backend *be = lks_model_backend(m);
+    size_t H = (size_t)lks_model_config(m)->hidden;
+    e->mkv = lks_model_kv_new(m, true, block, blocks, max_slots, max_seq_len);
+    e->spec = calloc((size_t)max_slots, sizeof *e->spec);
+    e->drafts = calloc((size_t)max_slots * MAX_DRAFTS, sizeof *e->drafts);
+    if (!e->mkv || !e->spec || !e->drafts) goto fail;
+    for (int i = 0; i < max_slots; i++) {
+      e->spec[i].hid = be->ops->buf_alloc(be, (MAX_DRAFTS + 1) * H * sizeof(float));
+      if (!e->spec[i].hid) goto fail;
+    }
+  }
   return e;
+fail:
+  lks_engine_free(e);
+  return NULL;
 }
 
 void lks_engine_free(lks_engine *e) {
   if (!e) return;
+  lks_backend *be = lks_model_backend(e->m);
+  for (int i = 0; e->spec && i < e->max_slots; i++) be->ops->buf_free(be, e->spec[i].hid);
+  free(e->spec);
+  be->ops->buf_free(be, e->stage);
+  lks_kv_free(e->mkv);
+  free(e->m_tok);
+  free(e->m_pos);
+  free(e->m_seq);
+  free(e->m_rows);
+  free(e->m_out);
+  free(e->m_last);
+  free(e->drafts);
   lks_kv_free(e->kv);
   free(e->tok);
   free(e->pos);
@@ -46,6 +91,10 @@ void lks_engine_free(lks_engine *e) {
 }
 
 lks_model *lks_engine_model(const lks_engine *e) { return e->m; }
+void lks_engine_free_blocks(const lks_engine *e, int *target, int *drafter) {
+  *target = lks_kv_free_blocks(e->kv);
+  *drafter = e->mkv ? lks_kv_free_blocks(e->mkv) : 0;
+}
 int lks_engine_slot_len(const lks_engine *e, int slot) {
   return slot >= 0 && slot < e->max_slots ? lks_kv_seq_len(e->kv, slot) : -1;
 }
@@ -88,8 +137,55 @@ static int check_forward(const lks_engine *e, const Lockstep__Forward *f) {
   return 0;
 }
 
+static int check_propose(const lks_engine *e, const Lockstep__MtpPropose *p) {
+  if (!e->mkv) return lks_set_error(LKS_EUNSUPPORTED, "MTP propose: this model has no MTP layer");
+  if (p->n_drafts > MAX_DRAFTS)
+    return lks_set_error(LKS_ERANGE, "MTP propose: %u drafts (0 to %d)", p->n_drafts, MAX_DRAFTS);
+  if (p->n_seqs == 0) return lks_set_error(LKS_EINVAL, "MTP propose without sequences");
+  int vocab = lks_model_config(e->m)->vocab;
+  for (size_t i = 0; i < p->n_seqs; i++) {
+    const Lockstep__SlotTokens *s = p->seqs[i];
+    LKS_TRY(check_slot(e, s->slot, true));
+    for (size_t j = 0; j < i; j++)
+      if (p->seqs[j]->slot == s->slot)
+        return lks_set_error(LKS_EINVAL, "slot %u appears twice in one propose", s->slot);
+    const spec_slot *sp = &e->spec[s->slot];
+    if (s->n_tokens < 1 || (int)s->n_tokens > sp->hid_rows || (int)s->start_pos != sp->hid_pos)
+      return lks_set_error(LKS_EINVAL,
+                           "MTP propose: slot %u gives %zu tokens at %u, the drafter keeps %d hidden "
+                           "rows at %d",
+                           s->slot, s->n_tokens, s->start_pos, sp->hid_rows, sp->hid_pos);
+    if ((int64_t)s->start_pos + (int64_t)s->n_tokens + p->n_drafts > e->max_len)
+      return lks_set_error(LKS_ERANGE, "MTP propose: slot %u would pass the longest sequence", s->slot);
+    for (size_t t = 0; t < s->n_tokens; t++)
+      if (s->tokens[t] < 0 || s->tokens[t] >= vocab)
+        return lks_set_error(LKS_ERANGE, "MTP propose: token id %d outside the vocabulary", s->tokens[t]);
+  }
+  return 0;
+}
+
+// A verify of a slot whose drafts this rank proposed must carry exactly those drafts: a
+// difference means the ranks' drafters diverged (DESIGN.md section 7, step 3).
+static int check_verify_drafts(const lks_engine *e, const Lockstep__Forward *f) {
+  for (size_t i = 0; e->spec && i < f->n_seqs; i++) {
+    const Lockstep__SlotTokens *s = f->seqs[i];
+    const spec_slot *sp = &e->spec[s->slot];
+    if (sp->n_drafts == 0 || (int)s->start_pos != sp->draft_pos - 1) continue;
+    int k = (int)s->n_tokens - 1 < sp->n_drafts ? (int)s->n_tokens - 1 : sp->n_drafts;
+    for (int j = 0; j < k; j++)
+      if (s->tokens[j + 1] != sp->drafts[j])
+        return lks_set_error(LKS_EFORMAT,
+                             "consistency error: slot %u draft %d is %d in the verify, %d here",
+                             s->slot, j + 1, s->tokens[j + 1], sp->drafts[j]);
+  }
+  return 0;
+}
+
 int lks_engine_check(const lks_engine *e, const Lockstep__Command *cmd) {
   switch (cmd->type) {
+    case LOCKSTEP__CMD_TYPE__EP_CMD_MTP_PROPOSE:
+      if (!cmd->propose) return lks_set_error(LKS_EINVAL, "MTP propose without payload");
+      return check_propose(e, cmd->propose);
     case LOCKSTEP__CMD_TYPE__EP_CMD_ALLOC_SLOT:
     case LOCKSTEP__CMD_TYPE__EP_CMD_FREE_SLOT: {
       bool alloc = cmd->type == LOCKSTEP__CMD_TYPE__EP_CMD_ALLOC_SLOT;
@@ -102,7 +198,11 @@ int lks_engine_check(const lks_engine *e, const Lockstep__Command *cmd) {
     case LOCKSTEP__CMD_TYPE__EP_CMD_DECODE:
     case LOCKSTEP__CMD_TYPE__EP_CMD_VERIFY:
       if (!cmd->forward) return lks_set_error(LKS_EINVAL, "forward command without payload");
-      return check_forward(e, cmd->forward);
+      LKS_TRY(check_forward(e, cmd->forward));
+      if (cmd->forward->mtp && !e->mkv)
+        return lks_set_error(LKS_EUNSUPPORTED, "forward for the drafter: this model has no MTP layer");
+      if (cmd->type == LOCKSTEP__CMD_TYPE__EP_CMD_VERIFY) return check_verify_drafts(e, cmd->forward);
+      return 0;
     case LOCKSTEP__CMD_TYPE__EP_CMD_COMMIT: {
       const Lockstep__Commit *c = cmd->commit;
       if (!c || c->n_slots != c->n_keep_len)
@@ -130,7 +230,101 @@ static int grow_i32(int32_t **p, size_t n) {
   return 0;
 }
 
-static int exec_forward(lks_engine *e, const Lockstep__Forward *f, lks_engine_out *out) {
+// Host scratch for an MTP batch of n rows, and the staging buffer of their hidden inputs.
+static int reserve_mtp(lks_engine *e, int n) {
+  if (n > e->cap_m) {
+    LKS_TRY(grow_i32(&e->m_tok, (size_t)n));
+    LKS_TRY(grow_i32(&e->m_pos, (size_t)n));
+    LKS_TRY(grow_i32(&e->m_seq, (size_t)n));
+    LKS_TRY(grow_i32(&e->m_rows, (size_t)n));
+    LKS_TRY(grow_i32(&e->m_out, (size_t)n));
+    LKS_TRY(grow_i32(&e->m_last, (size_t)n));
+    e->cap_m = n;
+  }
+  if (n > e->cap_stage) {
+    lks_backend *be = lks_model_backend(e->m);
+    be->ops->buf_free(be, e->stage);
+    size_t H = (size_t)lks_model_config(e->m)->hidden;
+    e->stage = be->ops->buf_alloc(be, (size_t)n * H * sizeof(float));
+    e->cap_stage = e->stage ? n : 0;
+    if (!e->stage) return lks_set_error(LKS_ENOMEM, "MTP staging for %d rows", n);
+  }
+  return 0;
+}
+
+static lks_tensor hid_view(const lks_engine *e, int slot, int rows) {
+  int H = lks_model_config(e->m)->hidden;
+  return lks_tensor_2d(e->spec[slot].hid, 0, LKS_F32, rows, H);
+}
+
+static lks_tensor stage_view(const lks_engine *e, int r0, int n) {
+  int H = lks_model_config(e->m)->hidden;
+  return lks_tensor_rows(lks_tensor_2d(e->stage, 0, LKS_F32, e->cap_stage, H), r0, n);
+}
+
+// Copies rows [r0, r0 + n) of src into dst starting at row d0.
+static int copy_rows(lks_engine *e, lks_tensor dst, int d0, lks_tensor src, int r0, int n) {
+  lks_backend *be = lks_model_backend(e->m);
+  if (n <= 0) return 0;
+  int32_t *idx = malloc((size_t)n * sizeof *idx);
+  if (!idx) return lks_set_error(LKS_ENOMEM, "out of memory");
+  for (int i = 0; i < n; i++) idx[i] = r0 + i;
+  int rc = be->ops->gather_rows(be, lks_tensor_rows(dst, d0, n), src, idx);
+  free(idx);
+  return rc;
+}
+
+// After a forward with mtp set: keep each slot's hidden rows for its drafter. A prefill chunk
+// also feeds the drafter the pairs (hidden j, token j + 1) it now has (the catch-up); its last row
+// stays kept until the next token is known.
+static int mtp_after_forward(lks_engine *e, const Lockstep__Forward *f, bool prefill,
+                             lks_tensor hidden) {
+  if (!e->mkv) return lks_set_error(LKS_EUNSUPPORTED, "this model has no MTP layer");
+  size_t n_rows = 0;
+  for (size_t i = 0; i < f->n_seqs; i++) n_rows += f->seqs[i]->n_tokens;
+  LKS_TRY(reserve_mtp(e, (int)n_rows + (int)f->n_seqs));
+  int n = 0;
+  size_t r0 = 0;
+  for (size_t i = 0; i < f->n_seqs; i++) {
+    const Lockstep__SlotTokens *s = f->seqs[i];
+    spec_slot *sp = &e->spec[s->slot];
+    int start = (int)s->start_pos, cnt = (int)s->n_tokens;
+    if (prefill) {
+      int first = n;
+      // The kept row of the previous chunk pairs with this chunk's first token.
+      if (sp->hid_rows == 1 && sp->hid_pos == start - 1) {
+        LKS_TRY(copy_rows(e, stage_view(e, 0, e->cap_stage), n, hid_view(e, s->slot, 1), 0, 1));
+        e->m_tok[n] = s->tokens[0];
+        e->m_pos[n] = start - 1;
+        e->m_seq[n++] = (int32_t)s->slot;
+      }
+      LKS_TRY(copy_rows(e, stage_view(e, 0, e->cap_stage), n, hidden, (int)r0, cnt - 1));
+      for (int j = 0; j + 1 < cnt; j++) {
+        e->m_tok[n] = s->tokens[j + 1];
+        e->m_pos[n] = start + j;
+        e->m_seq[n++] = (int32_t)s->slot;
+      }
+      if (n > first) LKS_TRY(lks_kv_seq_resize(e->mkv, (int)s->slot, e->m_pos[n - 1] + 1));
+      LKS_TRY(copy_rows(e, hid_view(e, s->slot, 1), 0, hidden, (int)r0 + cnt - 1, 1));
+      sp->hid_rows = 1;
+      sp->hid_pos = start + cnt - 1;
+    } else {
+      if (cnt > MAX_DRAFTS + 1)
+        return lks_set_error(LKS_ERANGE, "slot %u: %d rows to keep for the drafter (at most %d)",
+                             s->slot, cnt, MAX_DRAFTS + 1);
+      LKS_TRY(copy_rows(e, hid_view(e, s->slot, cnt), 0, hidden, (int)r0, cnt));
+      sp->hid_rows = cnt;
+      sp->hid_pos = start;
+    }
+    r0 += (size_t)cnt;
+  }
+  if (n == 0) return 0;
+  lks_batch b = {n, e->m_tok, e->m_pos, e->m_seq, 0, NULL};
+  return lks_model_mtp(e->m, e->mkv, &b, stage_view(e, 0, n), NULL, NULL);
+}
+
+static int exec_forward(lks_engine *e, const Lockstep__Forward *f, bool prefill,
+                        lks_engine_out *out) {
   size_t n = 0, n_out = 0;
   for (size_t i = 0; i < f->n_seqs; i++) {
     n += f->seqs[i]->n_tokens;
@@ -156,8 +350,9 @@ static int exec_forward(lks_engine *e, const Lockstep__Forward *f, lks_engine_ou
     }
   }
   lks_batch b = {(int)n, e->tok, e->pos, e->seq, (int)n_out, e->out_rows};
-  lks_tensor logits;
-  LKS_TRY(lks_model_forward(e->m, e->kv, &b, n_out ? &logits : NULL, NULL));
+  lks_tensor logits, hidden;
+  LKS_TRY(lks_model_forward(e->m, e->kv, &b, n_out ? &logits : NULL, &hidden));
+  if (f->mtp) LKS_TRY(mtp_after_forward(e, f, prefill, hidden));
   memset(out, 0, sizeof *out);
   out->n = (int)n_out;
   if (n_out == 0 || f->output == LOCKSTEP__OUTPUT_MODE__OUT_NONE) return 0;
@@ -178,6 +373,66 @@ static int exec_forward(lks_engine *e, const Lockstep__Forward *f, lks_engine_ou
   return 0;
 }
 
+// MTP_PROPOSE: per slot, one MTP row per given token (paired with the kept hidden rows: the
+// catch-up of accepted drafts, then the first draft), then n_drafts - 1 chained steps that carry
+// shared_head.norm(z) (MODEL.md section 3). All slots run batched; every draft is the
+// vocabulary-split arg-max, agreed by all-reduce.
+static int exec_propose(lks_engine *e, const Lockstep__MtpPropose *p, lks_engine_out *out) {
+  int ns = (int)p->n_seqs, K = (int)p->n_drafts, n = 0;
+  for (int i = 0; i < ns; i++) n += (int)p->seqs[i]->n_tokens;
+  LKS_TRY(reserve_mtp(e, n > ns ? n : ns));
+  n = 0;
+  for (int i = 0; i < ns; i++) {
+    const Lockstep__SlotTokens *s = p->seqs[i];
+    int cnt = (int)s->n_tokens;
+    LKS_TRY(copy_rows(e, stage_view(e, 0, e->cap_stage), n, hid_view(e, s->slot, cnt), 0, cnt));
+    for (int j = 0; j < cnt; j++) {
+      e->m_tok[n] = s->tokens[j];
+      e->m_pos[n] = (int32_t)s->start_pos + j;
+      e->m_seq[n++] = (int32_t)s->slot;
+    }
+    e->m_out[i] = n - 1;  // the last row of each slot gives its first draft
+    LKS_TRY(lks_kv_seq_resize(e->mkv, (int)s->slot, (int)s->start_pos + cnt));
+    e->spec[s->slot].hid_rows = 0;
+    e->spec[s->slot].n_drafts = K;
+    e->spec[s->slot].draft_pos = (int)s->start_pos + cnt;
+  }
+  // n_drafts 0: the catch-up alone (after plain decode steps), no logits.
+  lks_batch b = {n, e->m_tok, e->m_pos, e->m_seq, K ? ns : 0, e->m_out};
+  lks_tensor logits, carry;
+  LKS_TRY(lks_model_mtp(e->m, e->mkv, &b, stage_view(e, 0, n), &logits, &carry));
+  out->n = 0;
+  if (K == 0) {
+    for (int i = 0; i < ns; i++) e->spec[p->seqs[i]->slot].n_drafts = 0;
+    return 0;
+  }
+  LKS_TRY(lks_model_argmax(e->m, logits, e->m_last));
+  for (int k = 1;; k++) {
+    for (int i = 0; i < ns; i++) e->drafts[i * K + k - 1] = e->m_last[i];
+    if (k == K) break;
+    // Chained step k + 1: the draft of step k at the next position, with the carried hidden.
+    lks_backend *be = lks_model_backend(e->m);
+    lks_tensor h = stage_view(e, 0, ns);
+    LKS_TRY(be->ops->gather_rows(be, h, carry, e->m_out));
+    for (int i = 0; i < ns; i++) {
+      const Lockstep__SlotTokens *s = p->seqs[i];
+      e->m_tok[i] = e->m_last[i];
+      e->m_pos[i] = (int32_t)(s->start_pos + s->n_tokens) + k - 1;
+      e->m_seq[i] = (int32_t)s->slot;
+      e->m_out[i] = i;
+      LKS_TRY(lks_kv_seq_resize(e->mkv, (int)s->slot, e->m_pos[i] + 1));
+    }
+    lks_batch c = {ns, e->m_tok, e->m_pos, e->m_seq, ns, e->m_out};
+    LKS_TRY(lks_model_mtp(e->m, e->mkv, &c, h, &logits, &carry));
+    LKS_TRY(lks_model_argmax(e->m, logits, e->m_last));
+  }
+  for (int i = 0; i < ns; i++)
+    memcpy(e->spec[p->seqs[i]->slot].drafts, e->drafts + i * K, (size_t)K * sizeof(int32_t));
+  out->n = ns * K;
+  out->tokens = e->drafts;
+  return 0;
+}
+
 int lks_engine_exec(lks_engine *e, const Lockstep__Command *cmd, lks_engine_out *out) {
   lks_engine_out none;
   if (!out) out = &none;
@@ -185,16 +440,27 @@ int lks_engine_exec(lks_engine *e, const Lockstep__Command *cmd, lks_engine_out 
   LKS_TRY(lks_engine_check(e, cmd));
   switch (cmd->type) {
     case LOCKSTEP__CMD_TYPE__EP_CMD_ALLOC_SLOT:
-      for (size_t i = 0; i < cmd->slots->n_slots; i++)
-        LKS_TRY(lks_kv_seq_claim(e->kv, (int)cmd->slots->slots[i]));
+      for (size_t i = 0; i < cmd->slots->n_slots; i++) {
+        int slot = (int)cmd->slots->slots[i];
+        LKS_TRY(lks_kv_seq_claim(e->kv, slot));
+        if (e->mkv) {
+          LKS_TRY(lks_kv_seq_claim(e->mkv, slot));
+          e->spec[slot].hid_rows = e->spec[slot].n_drafts = 0;
+        }
+      }
       return 0;
     case LOCKSTEP__CMD_TYPE__EP_CMD_FREE_SLOT:
-      for (size_t i = 0; i < cmd->slots->n_slots; i++) lks_kv_seq_free(e->kv, (int)cmd->slots->slots[i]);
+      for (size_t i = 0; i < cmd->slots->n_slots; i++) {
+        lks_kv_seq_free(e->kv, (int)cmd->slots->slots[i]);
+        if (e->mkv) lks_kv_seq_free(e->mkv, (int)cmd->slots->slots[i]);
+      }
       return 0;
     case LOCKSTEP__CMD_TYPE__EP_CMD_PREFILL:
     case LOCKSTEP__CMD_TYPE__EP_CMD_DECODE:
     case LOCKSTEP__CMD_TYPE__EP_CMD_VERIFY:
-      return exec_forward(e, cmd->forward, out);
+      return exec_forward(e, cmd->forward, cmd->type == LOCKSTEP__CMD_TYPE__EP_CMD_PREFILL, out);
+    case LOCKSTEP__CMD_TYPE__EP_CMD_MTP_PROPOSE:
+      return exec_propose(e, cmd->propose, out);
     case LOCKSTEP__CMD_TYPE__EP_CMD_COMMIT:
       for (size_t i = 0; i < cmd->commit->n_slots; i++)
         LKS_TRY(lks_kv_seq_resize(e->kv, (int)cmd->commit->slots[i], (int)cmd->commit->keep_len[i]));

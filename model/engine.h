@@ -14,6 +14,9 @@
 
 typedef struct lks_engine lks_engine;
 
+// The most drafts one propose may ask for.
+#define LKS_MAX_DRAFTS 16
+
 // What a forward command hands back (on every rank; rank 0 uses it). Host memory owned by the
 // engine, valid until the next exec.
 typedef struct lks_engine_out {
@@ -33,6 +36,9 @@ int lks_engine_check(const lks_engine *e, const Lockstep__Command *cmd);
 int lks_engine_exec(lks_engine *e, const Lockstep__Command *cmd, lks_engine_out *out);
 
 lks_model *lks_engine_model(const lks_engine *e);
+// Free KV blocks of the target's cache and of the drafter's (0 without one): with no slot in
+// use, every block is free.
+void lks_engine_free_blocks(const lks_engine *e, int *target, int *drafter);
 // Positions the slot holds (-1 when free).
 int lks_engine_slot_len(const lks_engine *e, int slot);
 

@@ -605,9 +605,14 @@ int lks_model_mtp(lks_model *m, lks_kv_cache *mtp_kv, const lks_batch *b, lks_te
   lks_tensor cy = act(m->a.carry, n, H);
   LKS_TRY(be->ops->rmsnorm(be, cy, x, L->head_norm, c->eps));
   if (carry) *carry = cy;
-  if (logits) {
-    lks_tensor out = act(m->a.mlogits, n, m->sh.vocab);
-    LKS_TRY(be->ops->matmul(be, out, cy, m->lm_head, none, false));
+  if (logits && b->n_out > 0) {
+    lks_tensor sel = cy;
+    if (b->n_out < n) {  // only the rows asked for go through lm_head
+      sel = act(m->a.h, b->n_out, H);
+      LKS_TRY(be->ops->gather_rows(be, sel, cy, b->out_rows));
+    }
+    lks_tensor out = act(m->a.mlogits, b->n_out, m->sh.vocab);
+    LKS_TRY(be->ops->matmul(be, out, sel, m->lm_head, none, false));
     *logits = out;
   }
   return 0;

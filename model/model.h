@@ -68,7 +68,8 @@ int lks_model_forward(lks_model *m, lks_kv_cache *kv, const lks_batch *b, lks_te
 
 // One MTP draft step for b->n rows (MODEL.md section 3): row i combines token b->tokens[i] with
 // hidden row i of `h_in` ([n, H]: the target's final-normed hidden, or the carry of a previous
-// step) and runs the MTP layer at b->pos[i] in mtp_kv. *logits: [n, V] for all rows.
+// step) and runs the MTP layer at b->pos[i] in mtp_kv. *logits: [n_out, V_local], the rows
+// b->out_rows (this rank's vocabulary shard, as for lks_model_forward).
 // *carry: [n, H], shared_head.norm(z), the hidden for a chained step (may alias h_in).
 int lks_model_mtp(lks_model *m, lks_kv_cache *mtp_kv, const lks_batch *b, lks_tensor h_in,
                   lks_tensor *logits, lks_tensor *carry);

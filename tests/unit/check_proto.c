@@ -35,7 +35,6 @@ START_TEST(every_command_roundtrips) {
   uint32_t slots[3] = {0, 5, 4095};
   int32_t toks[4] = {1, 151551, 0, 77};
   uint32_t keep[3] = {10, 0, 3};
-  uint32_t posv[3] = {9, 100, 2};
   // Slots.
   Lockstep__SlotList sl = LOCKSTEP__SLOT_LIST__INIT;
   sl.slots = slots;
@@ -99,13 +98,15 @@ START_TEST(every_command_roundtrips) {
   ck_assert_mem_eq(d->commit->keep_len, keep, sizeof keep);
   lockstep__command__free_unpacked(d, NULL);
   // MTP propose.
+  Lockstep__SlotTokens ps = LOCKSTEP__SLOT_TOKENS__INIT;
+  ps.slot = 4;
+  ps.start_pos = 77;
+  ps.tokens = toks;
+  ps.n_tokens = 3;
+  Lockstep__SlotTokens *pseqs[1] = {&ps};
   Lockstep__MtpPropose mp = LOCKSTEP__MTP_PROPOSE__INIT;
-  mp.slots = slots;
-  mp.n_slots = 3;
-  mp.tokens = toks;
-  mp.n_tokens = 3;
-  mp.positions = posv;
-  mp.n_positions = 3;
+  mp.seqs = pseqs;
+  mp.n_seqs = 1;
   mp.n_drafts = 3;
   Lockstep__Command p = LOCKSTEP__COMMAND__INIT;
   p.type = LOCKSTEP__CMD_TYPE__EP_CMD_MTP_PROPOSE;
@@ -114,7 +115,8 @@ START_TEST(every_command_roundtrips) {
   p.propose = &mp;
   d = roundtrip(&p);
   ck_assert_uint_eq(d->propose->n_drafts, 3);
-  ck_assert_mem_eq(d->propose->positions, posv, sizeof posv);
+  ck_assert_uint_eq(d->propose->seqs[0]->start_pos, 77);
+  ck_assert_mem_eq(d->propose->seqs[0]->tokens, toks, 3 * sizeof toks[0]);
   lockstep__command__free_unpacked(d, NULL);
   // Levers.
   Lockstep__Levers lv = LOCKSTEP__LEVERS__INIT;

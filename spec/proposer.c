@@ -1,0 +1,216 @@
+// SPDX-License-Identifier: MIT
+// The proposers (see spec.h):
+// - mtp: the checkpoint's MTP layer, sharded like the target, so every propose is a collective
+//   forward on every rank, announced with EP_CMD_MTP_PROPOSE. Its state on rank 0 is the list of
+//   tokens whose pairs with kept target hidden states the drafter still lacks (the accepted
+//   drafts and the bonus of the last verify), and the position of the first.
+// - ngram: prompt lookup on rank 0 alone: the longest recent suffix (3, 2, then 1 tokens) found
+//   earlier in the sequence proposes the tokens that followed it.
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "spec/spec.h"
+
+// ---- mtp ----
+
+typedef struct {
+  int slot;
+  int32_t pending[LKS_MAX_DRAFTS + 1];
+  int n_pending, start;
+} mtp_state;
+
+static void *mtp_alloc(lks_proposer *p, int slot) {
+  (void)p;
+  mtp_state *s = calloc(1, sizeof *s);
+  if (s) s->slot = slot;
+  return s;
+}
+static void mtp_free(lks_proposer *p, void *st) {
+  (void)p;
+  free(st);
+}
+
+static int mtp_prefill(lks_proposer *p, lks_spec_seq *s, int n_prompt, int32_t first) {
+  (void)p;
+  mtp_state *m = s->state;
+  m->pending[0] = first;
+  m->n_pending = 1;
+  m->start = n_prompt - 1;  // the prompt's last hidden state pairs with the first token
+  return 0;
+}
+
+// One MTP_PROPOSE for n sequences; k = 0 only catches up.
+static int mtp_submit(lks_proposer *p, lks_spec_seq **s, int n, int k, int32_t *drafts) {
+  Lockstep__SlotTokens *st = calloc((size_t)n, sizeof *st);
+  Lockstep__SlotTokens **ptrs = calloc((size_t)n, sizeof *ptrs);
+  if (!st || !ptrs) {
+    free(st);
+    free(ptrs);
+    return lks_set_error(LKS_ENOMEM, "out of memory");
+  }
+  for (int i = 0; i < n; i++) {
+    mtp_state *m = s[i]->state;
+    lockstep__slot_tokens__init(&st[i]);
+    st[i].slot = (uint32_t)m->slot;
+    st[i].start_pos = (uint32_t)m->start;
+    st[i].tokens = m->pending;
+    st[i].n_tokens = (size_t)m->n_pending;
+    ptrs[i] = &st[i];
+  }
+  Lockstep__MtpPropose mp = LOCKSTEP__MTP_PROPOSE__INIT;
+  mp.seqs = ptrs;
+  mp.n_seqs = (size_t)n;
+  mp.n_drafts = (uint32_t)k;
+  Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
+  cmd.type = LOCKSTEP__CMD_TYPE__EP_CMD_MTP_PROPOSE;
+  cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_PROPOSE;
+  cmd.propose = &mp;
+  lks_engine_out out;
+  int rc = lks_world_submit(p->world, &cmd, &out);
+  if (rc == 0 && k > 0) memcpy(drafts, out.tokens, (size_t)n * k * sizeof *drafts);
+  if (rc == 0)
+    for (int i = 0; i < n; i++) ((mtp_state *)s[i]->state)->n_pending = 0;
+  free(st);
+  free(ptrs);
+  return rc;
+}
+
+static int mtp_propose(lks_proposer *p, lks_spec_seq **s, int n, int k, int32_t *drafts,
+                       int *n_out) {
+  for (int i = 0; i < n; i++) {
+    if (((mtp_state *)s[i]->state)->n_pending == 0)
+      return lks_set_error(LKS_EINVAL, "mtp: slot %d has nothing to draft from", s[i]->slot);
+    n_out[i] = k;
+  }
+  return mtp_submit(p, s, n, k, drafts);
+}
+
+static int mtp_after_verify(lks_proposer *p, lks_spec_seq *s, int pos, const int32_t *drafts,
+                            int accepted, int32_t bonus) {
+  (void)p;
+  mtp_state *m = s->state;
+  memcpy(m->pending, drafts, (size_t)accepted * sizeof *drafts);
+  m->pending[accepted] = bonus;
+  m->n_pending = accepted + 1;
+  m->start = pos;  // the verify's first row (the last verified token) is the first kept hidden
+  return 0;
+}
+
+static int mtp_after_decode(lks_proposer *p, lks_spec_seq *s, int pos, int32_t next) {
+  (void)p;
+  mtp_state *m = s->state;
+  m->pending[0] = next;
+  m->n_pending = 1;
+  m->start = pos;
+  return 0;
+}
+
+static int mtp_catchup(lks_proposer *p, lks_spec_seq **s, int n) {
+  lks_spec_seq *todo[64];
+  int k = 0;
+  for (int i = 0; i < n; i++)
+    if (((mtp_state *)s[i]->state)->n_pending > 0) {
+      if (k == 64) {
+        LKS_TRY(mtp_submit(p, todo, k, 0, NULL));
+        k = 0;
+      }
+      todo[k++] = s[i];
+    }
+  return k ? mtp_submit(p, todo, k, 0, NULL) : 0;
+}
+
+static const lks_proposer_ops mtp_ops = {
+    .name = "mtp",
+    .needs_comm = true,
+    .needs_hidden = true,
+    .alloc_state = mtp_alloc,
+    .free_state = mtp_free,
+    .prefill = mtp_prefill,
+    .propose_batch = mtp_propose,
+    .after_verify = mtp_after_verify,
+    .after_decode = mtp_after_decode,
+    .catchup = mtp_catchup,
+};
+
+// ---- ngram ----
+
+static void *ng_alloc(lks_proposer *p, int slot) {
+  (void)p, (void)slot;
+  return calloc(1, 1);
+}
+static void ng_free(lks_proposer *p, void *st) {
+  (void)p;
+  free(st);
+}
+static int ng_prefill(lks_proposer *p, lks_spec_seq *s, int n, int32_t first) {
+  (void)p, (void)s, (void)n, (void)first;
+  return 0;
+}
+
+static int ng_propose(lks_proposer *p, lks_spec_seq **s, int n, int k, int32_t *drafts,
+                      int *n_out) {
+  (void)p;
+  for (int i = 0; i < n; i++) {
+    const int32_t *h = s[i]->history;
+    int len = s[i]->n_history;
+    n_out[i] = 0;
+    for (int g = 3; g >= 1 && n_out[i] == 0; g--) {
+      if (len <= g) continue;
+      // The most recent earlier occurrence of the last g tokens.
+      for (int at = len - g - 1; at >= 0; at--) {
+        if (memcmp(h + at, h + len - g, (size_t)g * sizeof *h) != 0) continue;
+        int avail = len - (at + g);
+        int take = avail < k ? avail : k;
+        memcpy(drafts + i * k, h + at + g, (size_t)take * sizeof *h);
+        n_out[i] = take;
+        break;
+      }
+    }
+  }
+  return 0;
+}
+
+static int ng_after_verify(lks_proposer *p, lks_spec_seq *s, int pos, const int32_t *d, int a,
+                           int32_t bonus) {
+  (void)p, (void)s, (void)pos, (void)d, (void)a, (void)bonus;
+  return 0;
+}
+static int ng_after_decode(lks_proposer *p, lks_spec_seq *s, int pos, int32_t next) {
+  (void)p, (void)s, (void)pos, (void)next;
+  return 0;
+}
+
+static const lks_proposer_ops ngram_ops = {
+    .name = "ngram",
+    .needs_comm = false,
+    .needs_hidden = false,
+    .alloc_state = ng_alloc,
+    .free_state = ng_free,
+    .prefill = ng_prefill,
+    .propose_batch = ng_propose,
+    .after_verify = ng_after_verify,
+    .after_decode = ng_after_decode,
+    .catchup = NULL,
+};
+
+lks_proposer *lks_proposer_new(const char *name, lks_world *w) {
+  const lks_proposer_ops *ops = NULL;
+  if (!strcmp(name, "mtp")) ops = &mtp_ops;
+  if (!strcmp(name, "ngram")) ops = &ngram_ops;
+  if (!ops) {
+    lks_set_error(LKS_EINVAL, "--spec '%s': expected off, mtp or ngram", name);
+    return NULL;
+  }
+  if (ops == &mtp_ops && !lks_model_has_mtp(w->model)) {
+    lks_set_error(LKS_EUNSUPPORTED, "--spec mtp: the model has no MTP layer (num_nextn_predict_layers 0)");
+    return NULL;
+  }
+  lks_proposer *p = calloc(1, sizeof *p);
+  if (!p) return NULL;
+  p->ops = ops;
+  p->world = w;
+  return p;
+}
+
+void lks_proposer_free(lks_proposer *p) { free(p); }
