@@ -15,6 +15,7 @@
 #include "core/threadpool.h"
 #include "model/sample.h"
 #include "coordinator/world.h"
+#include "spec/spec.h"
 
 enum { BW_CHUNK = 4096 };  // floats; the L1-resident vector each chunk is dotted with
 
@@ -166,6 +167,36 @@ int lks_cmd_bench(lks_settings *s) {
     comm += (w->t_comm - m0) / n_dec / reps;
     if (submit_slot(w, LOCKSTEP__CMD_TYPE__EP_CMD_FREE_SLOT) < 0) goto fail;
   }
+  // Speculation: the same prompt through the speculative driver, with and without the proposer.
+  const char *spec = lks_settings_str(s, "spec");
+  lks_spec_stats sst = {0};
+  double t_plain_run = 0, t_spec_run = 0;
+  if (strcmp(spec, "off") != 0) {
+    lks_proposer *prop = lks_proposer_new(spec, w);
+    if (!prop) goto fail;
+    lks_spec_opts o = {0};
+    o.k_max = (int)lks_settings_int(s, "num-drafts");
+    o.gate = lks_settings_bool(s, "spec-gate");
+    o.ignore_eos = true;
+    if (lks_ladder_parse(lks_settings_str(s, "ladder"), &o.ladder) < 0) goto fail;
+    double *a = malloc((size_t)reps * sizeof *a), *b = malloc((size_t)reps * sizeof *b);
+    lks_spec_stats plain;
+    for (int r = 0; r < reps; r++) {
+      double t0 = lks_now();
+      o.proposer = NULL;
+      if (lks_spec_generate(w, tok, n_pre, n_dec, &o, &plain) < 0) goto fail;
+      a[r] = lks_now() - t0;
+      t0 = lks_now();
+      o.proposer = prop;
+      if (lks_spec_generate(w, tok, n_pre, n_dec, &o, &sst) < 0) goto fail;
+      b[r] = lks_now() - t0;
+    }
+    t_plain_run = median(a, reps);
+    t_spec_run = median(b, reps);
+    free(a);
+    free(b);
+    lks_proposer_free(prop);
+  }
   double rtt = heartbeat_rtt(w, 200);
   lks_model_stats st;
   lks_model_stats_get(w->model, &st);
@@ -189,6 +220,18 @@ int lks_cmd_bench(lks_settings *s) {
   printf("memory bandwidth (measured, %d threads): %.2f GB/s\n", threads, bw / 1e9);
   printf("achieved: %.2f GB/s = %.2f of measured bandwidth (per rank)\n", bytes_tok * dec_tps / 1e9,
          bw > 0 ? bytes_tok * dec_tps / bw : 0.0);
+  if (t_spec_run > 0) {
+    printf("generate %d tokens after %d (prefill included), --spec %s -k %d: %.2f tokens/s vs %.2f "
+           "without (x%.2f)\n",
+           n_dec, n_pre, spec, sst.k_max, n_dec / t_spec_run, n_dec / t_plain_run,
+           t_plain_run / t_spec_run);
+    printf("acceptance per draft position:");
+    for (int i = 0; i < sst.k_max; i++)
+      printf(" %d: %.3f", i + 1, sst.proposed[i] ? (double)sst.accepted[i] / (double)sst.proposed[i] : 0.0);
+    printf("; mean accepted length %.3f tokens per round, %.3f tokens per target forward\n",
+           sst.rounds ? (double)sst.tok_spec / (double)sst.rounds : 0.0,
+           sst.target_forwards ? (double)sst.emitted / (double)sst.target_forwards : 0.0);
+  }
   rc = 0;
   goto done;
 fail:

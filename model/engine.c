@@ -29,6 +29,9 @@ struct lks_engine {
   int32_t *m_tok, *m_pos, *m_seq, *m_rows, *m_out, *m_last;
   int cap_m;
   int32_t *drafts;    // [max_slots * MAX_DRAFTS] the last propose's drafts, for the caller
+  // The levers (EP_CMD_SET_LEVERS), the same on every rank from the step that set them on.
+  bool speculation;
+  int max_drafts;
   int max_slots, max_len;
   // Host scratch for one forward.
   int32_t *tok, *pos, *seq, *out_rows, *out_tok;
@@ -40,6 +43,8 @@ lks_engine *lks_engine_new(lks_model *m, int max_slots, int max_seq_len, int blo
   lks_engine *e = calloc(1, sizeof *e);
   if (!e) return NULL;
   e->m = m;
+  e->speculation = true;
+  e->max_drafts = MAX_DRAFTS;
   e->max_slots = max_slots;
   e->max_len = max_seq_len;
   int blocks = max_slots * ((max_seq_len + block - 1) / block);
@@ -139,8 +144,9 @@ static int check_forward(const lks_engine *e, const Lockstep__Forward *f) {
 
 static int check_propose(const lks_engine *e, const Lockstep__MtpPropose *p) {
   if (!e->mkv) return lks_set_error(LKS_EUNSUPPORTED, "MTP propose: this model has no MTP layer");
-  if (p->n_drafts > MAX_DRAFTS)
-    return lks_set_error(LKS_ERANGE, "MTP propose: %u drafts (0 to %d)", p->n_drafts, MAX_DRAFTS);
+  if (p->n_drafts > (uint32_t)e->max_drafts || (p->n_drafts > 0 && !e->speculation))
+    return lks_set_error(LKS_ERANGE, "MTP propose: %u drafts, the levers allow %d", p->n_drafts,
+                         e->speculation ? e->max_drafts : 0);
   if (p->n_seqs == 0) return lks_set_error(LKS_EINVAL, "MTP propose without sequences");
   int vocab = lks_model_config(e->m)->vocab;
   for (size_t i = 0; i < p->n_seqs; i++) {
@@ -215,6 +221,11 @@ int lks_engine_check(const lks_engine *e, const Lockstep__Command *cmd) {
       }
       return 0;
     }
+    case LOCKSTEP__CMD_TYPE__EP_CMD_SET_LEVERS:
+      if (!cmd->levers || cmd->levers->n_drafts > MAX_DRAFTS)
+        return lks_set_error(LKS_ERANGE, "levers: draft count %u outside 0..%d",
+                             cmd->levers ? cmd->levers->n_drafts : 0, MAX_DRAFTS);
+      return 0;
     case LOCKSTEP__CMD_TYPE__EP_CMD_HEARTBEAT:
     case LOCKSTEP__CMD_TYPE__EP_CMD_SHUTDOWN:
       return 0;
@@ -461,6 +472,10 @@ int lks_engine_exec(lks_engine *e, const Lockstep__Command *cmd, lks_engine_out 
       return exec_forward(e, cmd->forward, cmd->type == LOCKSTEP__CMD_TYPE__EP_CMD_PREFILL, out);
     case LOCKSTEP__CMD_TYPE__EP_CMD_MTP_PROPOSE:
       return exec_propose(e, cmd->propose, out);
+    case LOCKSTEP__CMD_TYPE__EP_CMD_SET_LEVERS:
+      e->speculation = cmd->levers->speculation;
+      e->max_drafts = (int)cmd->levers->n_drafts;
+      return 0;
     case LOCKSTEP__CMD_TYPE__EP_CMD_COMMIT:
       for (size_t i = 0; i < cmd->commit->n_slots; i++)
         LKS_TRY(lks_kv_seq_resize(e->kv, (int)cmd->commit->slots[i], (int)cmd->commit->keep_len[i]));

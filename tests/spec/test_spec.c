@@ -143,6 +143,26 @@ int main(int argc, char **argv) {
            "(drafter) %s\n", leak, t1, t0, d1, d0, ok ? "ok" : "FAIL");
     failures += !ok;
   }
+  {
+    // Levers: set on every rank at the same step; a propose beyond them is refused (by rank 0
+    // before it is sent, and by every worker), one within them runs.
+    Lockstep__Levers lv = LOCKSTEP__LEVERS__INIT;
+    lv.n_drafts = 2;
+    lv.speculation = true;
+    Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
+    cmd.type = LOCKSTEP__CMD_TYPE__EP_CMD_SET_LEVERS;
+    cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_LEVERS;
+    cmd.levers = &lv;
+    if (lks_world_submit(w, &cmd, NULL) < 0) goto fail;
+    int32_t prompt[4] = {1, 2, 3, 4};
+    lks_spec_stats st;
+    bool refused = run(w, mtp, 3, prompt, 4, 8, &got, &st) < 0 &&
+                   strstr(lks_last_error(), "the levers allow 2") != NULL;
+    bool allowed = run(w, mtp, 2, prompt, 4, 8, &got, &st) == 0;
+    printf("levers: 3 drafts refused (%s), 2 drafts run (%s)\n", refused ? "ok" : "FAIL",
+           allowed ? "ok" : "FAIL");
+    failures += !refused + !allowed;
+  }
   lks_proposer_free(mtp);
   lks_proposer_free(ng);
   free(base.tok);
