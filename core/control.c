@@ -2,7 +2,9 @@
 // The ZeroMQ control plane (see control.h).
 #include "core/control.h"
 
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +19,7 @@ enum { EP_LEN = 256, HOST_LEN = 64 };
 
 typedef struct {
   void *sock, *mon;       // command socket, its monitor
+  void *beat;             // heartbeats: rank 0 PUSH (used by the heartbeat thread), worker PULL
   uint64_t acked;         // last step acked
   double exec_s, comm_s;  // timings of that ack
   bool dead;
@@ -32,7 +35,26 @@ struct lks_ctl {
   uint64_t shutdown_step;  // rank 0: the step of EP_CMD_SHUTDOWN, once sent
   char fault[64];
   uint64_t fault_step;
+  pthread_t beat_thread;
+  bool beating;
+  atomic_bool stop_beat;
+  double heartbeat_s;
 };
+
+static void *beat_main(void *arg) {
+  lks_ctl *c = arg;
+  while (!atomic_load(&c->stop_beat)) {
+    for (int r = 1; r < c->world; r++) zmq_send(c->peers[r].beat, "", 0, ZMQ_DONTWAIT);
+    struct timespec ts = {(time_t)c->heartbeat_s, (long)((c->heartbeat_s - (time_t)c->heartbeat_s) * 1e9)};
+    // Sleep in short slices so that lks_ctl_free does not wait a whole interval.
+    for (double left = c->heartbeat_s; left > 0 && !atomic_load(&c->stop_beat); left -= 0.05) {
+      ts.tv_sec = 0;
+      ts.tv_nsec = (long)((left < 0.05 ? left : 0.05) * 1e9);
+      nanosleep(&ts, NULL);
+    }
+  }
+  return NULL;
+}
 
 static double now(void) {
   struct timespec ts;
@@ -148,23 +170,25 @@ int lks_ctl_poll(void *ctl) {
   return 0;
 }
 
-lks_ctl *lks_ctl_new(lks_comm *comm, double timeout_s) {
+lks_ctl *lks_ctl_new(lks_comm *comm, double timeout_s, double heartbeat_s) {
   lks_ctl *c = calloc(1, sizeof *c);
   if (!c) return NULL;
   c->comm = comm;
   c->rank = comm->rank;
   c->world = comm->world;
+  c->heartbeat_s = heartbeat_s;
   c->ctx = zmq_ctx_new();
   c->peers = calloc((size_t)c->world, sizeof *c->peers);
   c->hosts = calloc((size_t)c->world, sizeof *c->hosts);
-  char (*eps)[EP_LEN] = calloc((size_t)c->world, sizeof *eps);
+  char (*eps)[EP_LEN] = calloc((size_t)c->world * 2, sizeof *eps);  // commands, then beats
   lks_comm_where w = {"control plane start", -1};
   if (!c->ctx || !c->peers || !c->hosts || !eps) goto fail;
   char me[HOST_LEN] = "";
   gethostname(me, sizeof me - 1);
   if (comm->ops->allgather(comm, me, c->hosts, HOST_LEN, w) < 0) goto fail;
   // Test hook: LKS_FAULT=KIND@STEP[:RANK] (RANK defaults to 0). On rank 0, corrupt, gap and
-  // version send a broken command at STEP; die kills the given rank with SIGKILL at STEP.
+  // version send a broken command at STEP, stall waits 2 s before sending it; die kills the
+  // given rank with SIGKILL at STEP.
   const char *fault = getenv("LKS_FAULT");
   if (fault) {
     char kind[32];
@@ -194,13 +218,24 @@ lks_ctl *lks_ctl_new(lks_comm *comm, double timeout_s) {
       const char *port = strrchr(last, ':');
       snprintf(eps[r], EP_LEN, "tcp://%s%s", adv && *adv ? adv : me, port ? port : ":0");
       if (monitor(c, p, r) < 0) goto fail;
+      p->beat = new_socket(c, ZMQ_PUSH);
+      if (!p->beat || zmq_bind(p->beat, "tcp://*:*") != 0) {
+        zfail("bind");
+        goto fail;
+      }
+      n = sizeof last;
+      zmq_getsockopt(p->beat, ZMQ_LAST_ENDPOINT, last, &n);
+      port = strrchr(last, ':');
+      snprintf(eps[c->world + r], EP_LEN, "tcp://%s%s", adv && *adv ? adv : me, port ? port : ":0");
     }
   }
-  if (comm->ops->broadcast(comm, eps, (size_t)c->world * EP_LEN, 0, w) < 0) goto fail;
+  if (comm->ops->broadcast(comm, eps, (size_t)c->world * 2 * EP_LEN, 0, w) < 0) goto fail;
   if (c->rank != 0) {
     peer *p = &c->peers[0];
     p->sock = new_socket(c, ZMQ_DEALER);
-    if (!p->sock || monitor(c, p, 0) < 0 || zmq_connect(p->sock, eps[c->rank]) != 0) {
+    p->beat = new_socket(c, ZMQ_PULL);
+    if (!p->sock || !p->beat || monitor(c, p, 0) < 0 || zmq_connect(p->sock, eps[c->rank]) != 0 ||
+        zmq_connect(p->beat, eps[c->world + c->rank]) != 0) {
       zfail("connect");
       goto fail;
     }
@@ -221,6 +256,11 @@ lks_ctl *lks_ctl_new(lks_comm *comm, double timeout_s) {
       if (drain_acks(c, r) < 0) goto fail;
     }
     LKS_LOG(LKS_LOG_INFO, "control plane: %d worker(s) connected", c->world - 1);
+    if (pthread_create(&c->beat_thread, NULL, beat_main, c) != 0) {
+      lks_set_error(LKS_EIO, "control plane: cannot start the heartbeat thread");
+      goto fail;
+    }
+    c->beating = true;
   }
   free(eps);
   return c;
@@ -232,9 +272,14 @@ fail:
 
 void lks_ctl_free(lks_ctl *c) {
   if (!c) return;
+  if (c->beating) {
+    atomic_store(&c->stop_beat, true);
+    pthread_join(c->beat_thread, NULL);
+  }
   for (int r = 0; c->peers && r < c->world; r++) {
     if (c->peers[r].sock) zmq_close(c->peers[r].sock);
     if (c->peers[r].mon) zmq_close(c->peers[r].mon);
+    if (c->peers[r].beat) zmq_close(c->peers[r].beat);
   }
   if (c->ctx) zmq_ctx_term(c->ctx);
   free(c->peers);
@@ -277,6 +322,7 @@ int lks_ctl_send(lks_ctl *c, Lockstep__Command *cmd) {
   if (!buf) return lks_set_error(LKS_ENOMEM, "out of memory");
   uint64_t real_step = cmd->step_id;
   if (c->fault_step == c->step && !strcmp(c->fault, "die")) raise(SIGKILL);
+  if (c->fault_step == c->step && !strcmp(c->fault, "stall")) sleep(2);  // busy, not dead
   if (c->fault_step == c->step) {  // test hook: a broken command, to show workers refuse it
     if (!strcmp(c->fault, "gap")) cmd->step_id += 1;
     if (!strcmp(c->fault, "version")) cmd->protocol_version = 99;
@@ -320,14 +366,22 @@ int lks_ctl_recv(lks_ctl *c, Lockstep__Command **out, double timeout_s) {
       zmq_msg_close(&msg);
       return lks_set_error(LKS_EIO, "the coordinator (rank 0, %s) disconnected", c->hosts[0]);
     }
-    zmq_pollitem_t it = {p->sock, 0, ZMQ_POLLIN, 0};
+    zmq_pollitem_t it[2] = {{p->sock, 0, ZMQ_POLLIN, 0}, {p->beat, 0, ZMQ_POLLIN, 0}};
     long ms = (long)((deadline - now()) * 1e3);
     if (ms <= 0) {
       zmq_msg_close(&msg);
-      return lks_set_error(LKS_EIO, "no command from the coordinator (rank 0, %s) for %.1f s",
+      return lks_set_error(LKS_EIO,
+                           "no command or heartbeat from the coordinator (rank 0, %s) for %.1f s",
                            c->hosts[0], timeout_s);
     }
-    if (zmq_poll(&it, 1, ms < 100 ? ms : 100) > 0 && zmq_msg_recv(&msg, p->sock, 0) >= 0) break;
+    if (zmq_poll(it, 2, ms < 100 ? ms : 100) <= 0) continue;
+    if (it[1].revents & ZMQ_POLLIN) {  // a beat: the coordinator is alive; drain and wait on
+      char b;
+      while (zmq_recv(p->beat, &b, 1, ZMQ_DONTWAIT) >= 0) {
+      }
+      deadline = now() + timeout_s;
+    }
+    if ((it[0].revents & ZMQ_POLLIN) && zmq_msg_recv(&msg, p->sock, 0) >= 0) break;
   }
   Lockstep__Command *cmd;
   int rc = lks_cmd_decode(zmq_msg_data(&msg), zmq_msg_size(&msg), c->step + 1, &cmd);

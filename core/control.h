@@ -26,7 +26,10 @@ typedef struct lks_ctl lks_ctl;
 
 // Collective over `comm`: rank 0 binds one socket per worker, the endpoints go out by MPI, the
 // workers connect and say hello; returns when all are connected or fails after timeout_s.
-lks_ctl *lks_ctl_new(lks_comm *comm, double timeout_s);
+// Rank 0 also starts a heartbeat thread that sends every worker a beat each heartbeat_s on a
+// socket of its own, so that a coordinator busy with local work (tokenizing, sampling, an HTTP
+// request) is not taken for dead; a worker's wait for a command restarts at every beat.
+lks_ctl *lks_ctl_new(lks_comm *comm, double timeout_s, double heartbeat_s);
 void lks_ctl_free(lks_ctl *c);
 
 // Rank 0: stamps version and the next step id into cmd and sends it to every worker. Also
@@ -36,8 +39,8 @@ int lks_ctl_send(lks_ctl *c, Lockstep__Command *cmd);
 int lks_ctl_wait_acks(lks_ctl *c, uint64_t step, double timeout_s);
 
 // Worker: the next command, validated (version, step id, payload type); the caller frees it with
-// lockstep__command__free_unpacked. Fails after timeout_s without one, or when the coordinator
-// disconnects.
+// lockstep__command__free_unpacked. Fails after timeout_s without a command or a heartbeat, or
+// when the coordinator disconnects.
 int lks_ctl_recv(lks_ctl *c, Lockstep__Command **cmd, double timeout_s);
 // Decodes one frame into a command and checks it: protocol version, step id == expected_step,
 // a payload that matches the type. The caller frees *cmd (lockstep__command__free_unpacked).

@@ -4,6 +4,7 @@
 #   - greedy and sampled output identical at world 1, 2 and 4;
 #   - a worker killed with SIGKILL mid-generation: the coordinator names the rank, and every
 #     process is gone within 10 s with a non-zero status; the same for the coordinator killed;
+#   - a coordinator busy for many heartbeat intervals keeps its workers;
 #   - a corrupted, out-of-order or wrong-version command is refused by the worker, not executed;
 #   - a rank with a different forward-changing flag is refused at start-up, naming the flag;
 #   - a model that cannot be split N ways is refused, naming the field.
@@ -56,6 +57,11 @@ if [ "$rc" != 0 ] && grep -q "coordinator (rank 0.*disconnected" "$out" && (( el
 else
   bad "killed coordinator (status $rc, ${elapsed} ms)"
 fi
+
+# A coordinator busy for 2 s (ten heartbeat intervals) between two commands is not dead.
+run 30 mpirun --oversubscribe -np 2 -x LKS_FAULT=stall@6 "$lockstep" "${gen[@]}" --heartbeat 0.2
+[ "$rc" = 0 ] && grep -qx "$want" "$out" && ok "a busy coordinator keeps its workers (heartbeats)" \
+  || bad "a busy coordinator keeps its workers (heartbeats)"
 
 for kind in corrupt:"does not decode" gap:"out of order" version:"protocol version 99"; do
   k=${kind%%:*} msg=${kind#*:}
