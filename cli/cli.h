@@ -13,6 +13,7 @@
 int lks_cmd_generate(lks_settings *s);
 int lks_cmd_inspect(lks_settings *s, const char *dir);
 int lks_cmd_bench(lks_settings *s);
+int lks_cmd_serve(lks_settings *s);
 int lks_cmd_tokenize(lks_settings *s, const char *dir, const char *text);
 int lks_cmd_detokenize(lks_settings *s, const char *dir, const char *ids);
 

@@ -26,7 +26,8 @@ static void usage(FILE *f) {
           "  tokenize DIR TEXT                                  token ids of TEXT (DIR/tokenizer.json)\n"
           "  detokenize DIR 1,2,3                               text of the ids\n"
           "  inspect DIR                                        architecture, sizes, problems\n"
-          "  bench [--model DIR]                                prefill/decode speed vs bandwidth\n\n"
+          "  bench [--model DIR]                                prefill/decode speed vs bandwidth\n"
+          "  serve [--model DIR] [--port 8080]                  OpenAI-compatible HTTP API\n\n"
           "options (also LKS_<NAME> in the environment):\n");
   lks_settings_print_help(f);
   fprintf(f, "\ndefault model: %s\n", LKS_DEFAULT_MODEL);
@@ -74,6 +75,8 @@ int main(int argc, char **argv) {
     rc = lks_cmd_tokenize(s, pos[0], pos[1]);
   } else if (!strcmp(cmd, "detokenize") && n_pos == 2) {
     rc = lks_cmd_detokenize(s, pos[0], pos[1]);
+  } else if (!strcmp(cmd, "serve") && n_pos == 0) {
+    rc = lks_cmd_serve(s);
   } else if (!strcmp(cmd, "bench") && n_pos == 0) {
     rc = lks_cmd_bench(s);
   } else {

@@ -12,6 +12,8 @@ pkgs=(
   python3 python3-numpy         # tests/reference and tools/gen_model.py (run by /usr/bin/python3)
   openmpi-bin libopenmpi-dev    # mpirun, MPI bootstrap and CPU collectives
   libzmq3-dev                   # control plane (ZeroMQ)
+  libmicrohttpd-dev             # the HTTP API
+  curl wrk                      # the serving tests (health checks, load)
   libprotobuf-c-dev protobuf-c-compiler  # command messages (proto/lockstep.proto)
   procps                        # pgrep in the multi-process tests
   libpcre2-dev libutf8proc-dev  # tokenizer.json: Split regexes (PCRE2), normalizers (utf8proc)

@@ -475,6 +475,9 @@ int lks_engine_exec(lks_engine *e, const Lockstep__Command *cmd, lks_engine_out 
     case LOCKSTEP__CMD_TYPE__EP_CMD_SET_LEVERS:
       e->speculation = cmd->levers->speculation;
       e->max_drafts = (int)cmd->levers->n_drafts;
+      LKS_LOG(LKS_LOG_INFO, "levers at step %llu: speculation %s, at most %d drafts, ladder '%s'",
+              (unsigned long long)cmd->step_id, e->speculation ? "on" : "off", e->max_drafts,
+              cmd->levers->ladder ? cmd->levers->ladder : "");
       return 0;
     case LOCKSTEP__CMD_TYPE__EP_CMD_COMMIT:
       for (size_t i = 0; i < cmd->commit->n_slots; i++)
