@@ -553,6 +553,20 @@ static enum MHD_Result metrics(lks_http *h, struct MHD_Connection *c) {
           (unsigned long long)st.requests_done, (unsigned long long)st.requests_cancelled,
           (unsigned long long)st.steps, st.queue_depth, st.slots_in_use, st.slots,
           st.kv_blocks_free, st.speculation ? 1 : 0);
+  fprintf(f, "# HELP lockstep_spec_drafts_proposed_total Drafts proposed, by position in the round\n"
+             "# TYPE lockstep_spec_drafts_proposed_total counter\n");
+  for (int i = 0; i < 16; i++)
+    if (st.proposed[i])
+      fprintf(f, "lockstep_spec_drafts_proposed_total{position=\"%d\"} %llu\n", i + 1,
+              (unsigned long long)st.proposed[i]);
+  fprintf(f, "# HELP lockstep_spec_drafts_accepted_total Drafts accepted, by position in the round\n"
+             "# TYPE lockstep_spec_drafts_accepted_total counter\n");
+  for (int i = 0; i < 16; i++)
+    if (st.proposed[i])
+      fprintf(f, "lockstep_spec_drafts_accepted_total{position=\"%d\"} %llu\n", i + 1,
+              (unsigned long long)st.accepted[i]);
+  fprintf(f, "# TYPE lockstep_spec_verify_rounds_total counter\nlockstep_spec_verify_rounds_total %llu\n",
+          (unsigned long long)st.verify_rounds);
   fprintf(f, "# HELP lockstep_rank_up Whether each rank is alive and in step (1) or not (0)\n"
              "# TYPE lockstep_rank_up gauge\n");
   bool up = lks_sched_healthy(h->sched);

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "spec/spec.h"
 
 static double now(void) {
   struct timespec ts;
@@ -42,6 +43,9 @@ struct lks_req {
   // Scheduler thread only.
   int slot, n_fed;
   int32_t last;
+  int32_t *hist;  // prompt + generated, for the proposer
+  int n_hist;
+  lks_spec_seq seq;  // the proposer's view of this sequence
   lks_rng rng;
   lks_detok *detok;
   double t_submit, t_last;
@@ -64,6 +68,9 @@ struct lks_sched {
   char ladder[64];
   lks_sched_stats st;
   float *logits;  // scratch
+  lks_proposer *proposer;  // --spec: NULL when off
+  lks_ladder ladder_parsed;
+  float *p_rows, *q;       // rejection sampling scratch
 };
 
 static void hist_init(lks_hist *h, const double *le) {
@@ -99,13 +106,30 @@ lks_sched *lks_sched_new(lks_world *w, const lks_tokenizer *tok, const lks_sched
   hist_init(&s->st.itl, lat);
   hist_init(&s->st.step, lat);
   s->st.slots = s->n_slots;
-  s->speculation = false;
   s->n_drafts = (int)lks_settings_int(w->settings, "num-drafts");
+  const char *spec = lks_settings_str(w->settings, "spec");
+  snprintf(s->ladder, sizeof s->ladder, "%s", lks_settings_str(w->settings, "ladder"));
+  if (lks_ladder_parse(s->ladder, &s->ladder_parsed) < 0) goto fail;
+  if (strcmp(spec, "off") != 0) {
+    s->proposer = lks_proposer_new(spec, w);
+    if (!s->proposer) goto fail;
+    s->speculation = true;
+  }
+  int V = lks_model_config(w->model)->vocab;
+  s->p_rows = malloc((size_t)(LKS_MAX_DRAFTS + 1) * V * sizeof(float));
+  s->q = calloc((size_t)V, sizeof(float));
+  if (!s->p_rows || !s->q) goto fail;
   return s;
+fail:
+  lks_sched_free(s);
+  return NULL;
 }
 
 void lks_sched_free(lks_sched *s) {
   if (!s) return;
+  lks_proposer_free(s->proposer);
+  free(s->p_rows);
+  free(s->q);
   free(s->slot);
   free(s->logits);
   free(s);
@@ -123,6 +147,7 @@ static void req_unref(lks_req *r) {
   free(r->p.stop);
   free(r->text);
   free(r->ids);
+  free(r->hist);
   lks_detok_free(r->detok);
   pthread_mutex_destroy(&r->mu);
   pthread_cond_destroy(&r->cv);
@@ -319,6 +344,8 @@ static int step(lks_sched *s) {
       to_free[n_free++] = (uint32_t)i;
       s->slot[i] = NULL;
       s->st.requests_done++;
+      if (r->seq.state) s->proposer->ops->free_state(s->proposer, r->seq.state);
+      r->seq.state = NULL;
       req_unref(r);
     }
   }
@@ -340,6 +367,11 @@ static int step(lks_sched *s) {
     }
     r->slot = i;
     s->slot[i] = r;
+    r->hist = malloc((size_t)(r->p.n_prompt + r->p.max_tokens + LKS_MAX_DRAFTS + 2) * sizeof *r->hist);
+    if (r->hist) memcpy(r->hist, r->p.prompt, (size_t)r->p.n_prompt * sizeof *r->hist);
+    r->n_hist = r->p.n_prompt;
+    r->seq = (lks_spec_seq){i, r->hist, r->n_hist, NULL};
+    if (s->proposer) r->seq.state = s->proposer->ops->alloc_state(s->proposer, i);
     s->st.prompt_tokens += (uint64_t)r->p.n_prompt;
     to_alloc[n_alloc++] = (uint32_t)i;
   }
@@ -361,11 +393,40 @@ static int step(lks_sched *s) {
     LKS_TRY(lks_world_submit(s->w, &cmd, NULL));
   }
 
-  // The forward: prefill chunks within the budget, one decode row per running sequence.
+  // Speculation for this step: drafts for every sequence past its prefill, at the ladder's
+  // count for the batch width (0: plain decode rows, after the drafter's catch-up).
+  lks_proposer *pr = s->proposer;
+  bool hidden = pr && pr->ops->needs_hidden;
+  lks_spec_seq *dseq[4096];
+  lks_req *dreq[4096];
+  int n_dec = 0;
+  for (int i = 0; i < s->n_slots; i++) {
+    lks_req *r = s->slot[i];
+    if (r && r->n_fed >= r->p.n_prompt && r->n_generated > 0) {
+      r->seq.history = r->hist;
+      r->seq.n_history = r->n_hist;
+      dseq[n_dec] = &r->seq;
+      dreq[n_dec++] = r;
+    }
+  }
+  pthread_mutex_lock(&s->mu);
+  int k = pr && s->speculation && n_dec ? lks_ladder_k(&s->ladder_parsed, n_dec, s->n_drafts) : 0;
+  pthread_mutex_unlock(&s->mu);
+  static int32_t drafts[4096 * LKS_MAX_DRAFTS];
+  int n_d[4096] = {0};
+  if (k > 0) {
+    LKS_TRY(pr->ops->propose_batch(pr, dseq, n_dec, k, drafts, n_d));
+  } else if (pr && pr->ops->catchup && n_dec) {
+    LKS_TRY(pr->ops->catchup(pr, dseq, n_dec));
+  }
+
+  // The forward: prefill chunks within the budget; per running sequence one decode row, or the
+  // verify rows [last token, drafts...].
   Lockstep__SlotTokens st[4096], *seqs[4096];
   lks_req *owner[4096];
-  int n_seqs = 0, n_out = 0, budget = s->o.chunk;
-  bool any_prefill = false, logits = false;
+  int32_t rows[4096][LKS_MAX_DRAFTS + 1];
+  int n_seqs = 0, n_out = 0, budget = s->o.chunk, di = 0;
+  bool any_prefill = false, any_verify = false, logits = false;
   for (int i = 0; i < s->n_slots; i++) {
     lks_req *r = s->slot[i];
     if (!r) continue;
@@ -380,15 +441,22 @@ static int step(lks_sched *s) {
       st[n_seqs].n_tokens = (size_t)take;
       st[n_seqs].want_last = take == left;
       any_prefill = true;
+      n_out += st[n_seqs].want_last;
     } else {
-      st[n_seqs].tokens = &r->last;
-      st[n_seqs].n_tokens = 1;
-      st[n_seqs].want_last = true;
+      // dreq lists the decode sequences in slot order, as this loop visits them.
+      bool mine = di < n_dec && dreq[di] == r;
+      int nd = mine ? n_d[di] : 0;
+      rows[i][0] = r->last;
+      if (nd) memcpy(rows[i] + 1, drafts + (size_t)di * k, (size_t)nd * sizeof(int32_t));
+      if (mine) di++;
+      st[n_seqs].tokens = rows[i];
+      st[n_seqs].n_tokens = (size_t)nd + 1;
+      st[n_seqs].want_all = nd > 0;
+      st[n_seqs].want_last = nd == 0;
+      any_verify |= nd > 0;
+      n_out += nd + 1;
     }
-    if (st[n_seqs].want_last) {
-      n_out++;
-      logits |= r->p.sampling.temperature > 0;
-    }
+    logits |= (st[n_seqs].want_last || st[n_seqs].want_all) && r->p.sampling.temperature > 0;
     owner[n_seqs] = r;
     seqs[n_seqs] = &st[n_seqs];
     n_seqs++;
@@ -407,29 +475,105 @@ static int step(lks_sched *s) {
   f.seqs = seqs;
   f.n_seqs = (size_t)n_seqs;
   f.output = logits ? LOCKSTEP__OUTPUT_MODE__OUT_LOGITS : LOCKSTEP__OUTPUT_MODE__OUT_GREEDY;
+  f.mtp = hidden;
   Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
-  cmd.type = any_prefill ? LOCKSTEP__CMD_TYPE__EP_CMD_PREFILL : LOCKSTEP__CMD_TYPE__EP_CMD_DECODE;
+  cmd.type = any_verify    ? LOCKSTEP__CMD_TYPE__EP_CMD_VERIFY
+             : any_prefill ? LOCKSTEP__CMD_TYPE__EP_CMD_PREFILL
+                           : LOCKSTEP__CMD_TYPE__EP_CMD_DECODE;
   cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_FORWARD;
   cmd.forward = &f;
   lks_engine_out out;
   double t0 = now();
   LKS_TRY(lks_world_submit(s->w, &cmd, &out));
   int V = lks_model_config(s->w->model)->vocab, o = 0;
+  uint32_t c_slot[4096], c_keep[4096];
+  int n_commit = 0;
   for (int i = 0; i < n_seqs; i++) {
     lks_req *r = owner[i];
-    r->n_fed += (int)st[i].n_tokens;
-    if (!st[i].want_last) continue;
-    int32_t tok;
-    if (!logits) {
-      tok = out.tokens[o];
-    } else {
-      int t = lks_sample(out.logits + (size_t)o * V, V, &r->p.sampling, &r->rng);
-      if (t < 0) return t;
-      tok = t;
+    int L = r->n_fed, nrows = (int)st[i].n_tokens;
+    if (!st[i].want_last && !st[i].want_all) {  // a prefill chunk that does not end the prompt
+      r->n_fed += nrows;
+      continue;
     }
-    o++;
-    r->last = tok;
-    req_emit(s, r, tok);
+    if (!st[i].want_all) {
+      int32_t tok;
+      if (!logits) {
+        tok = out.tokens[o];
+      } else {
+        int t = lks_sample(out.logits + (size_t)o * V, V, &r->p.sampling, &r->rng);
+        if (t < 0) return t;
+        tok = t;
+      }
+      o++;
+      bool first = r->n_generated == 0;
+      r->n_fed += nrows;
+      r->last = tok;
+      if (r->hist) r->hist[r->n_hist++] = tok;
+      if (pr && first) LKS_TRY(pr->ops->prefill(pr, &r->seq, r->p.n_prompt, tok));
+      else if (pr) LKS_TRY(pr->ops->after_decode(pr, &r->seq, L, tok));
+      req_emit(s, r, tok);
+      continue;
+    }
+    // A verify of nd drafts: accept, commit L + a + 1 positions, emit d1..da and the bonus.
+    int nd = nrows - 1, a = 0;
+    const int32_t *d = st[i].tokens + 1;
+    int32_t bonus = -1;
+    if (!logits) {
+      a = lks_spec_accept_greedy(d, nd, out.tokens + o, &bonus);
+    } else {
+      for (int j = 0; j <= nd; j++)
+        LKS_TRY(lks_sampling_probs(out.logits + (size_t)(o + j) * V, V, &r->p.sampling, s->p_rows + (size_t)j * V));
+      for (; a < nd; a++) {
+        s->q[d[a]] = 1.0f;  // drafts are the drafter's arg-max: q is one-hot
+        int32_t t;
+        int acc = lks_spec_accept_sample(s->p_rows + (size_t)a * V, s->q, V, d[a], &r->rng, &t);
+        s->q[d[a]] = 0.0f;
+        if (acc < 0) return acc;
+        if (!acc) {
+          bonus = t;
+          break;
+        }
+      }
+      if (bonus < 0) {
+        int t = lks_sample(out.logits + (size_t)(o + nd) * V, V, &r->p.sampling, &r->rng);
+        if (t < 0) return t;
+        bonus = t;
+      }
+    }
+    o += nrows;
+    pthread_mutex_lock(&s->mu);
+    for (int j = 0; j < nd && j < LKS_MAX_DRAFTS; j++) {
+      s->st.proposed[j]++;
+      if (j < a) s->st.accepted[j]++;
+    }
+    s->st.verify_rounds++;
+    pthread_mutex_unlock(&s->mu);
+    c_slot[n_commit] = (uint32_t)r->slot;
+    c_keep[n_commit++] = (uint32_t)(L + a + 1);
+    LKS_TRY(pr->ops->after_verify(pr, &r->seq, L, d, a, bonus));
+    r->n_fed = L + a + 1;
+    r->last = bonus;
+    bool fin = false;
+    for (int j = 0; j < a && !fin; j++) {
+      if (r->hist) r->hist[r->n_hist++] = d[j];
+      fin = req_emit(s, r, d[j]);
+    }
+    if (!fin) {
+      if (r->hist) r->hist[r->n_hist++] = bonus;
+      req_emit(s, r, bonus);
+    }
+  }
+  if (n_commit) {
+    Lockstep__Commit cm = LOCKSTEP__COMMIT__INIT;
+    cm.slots = c_slot;
+    cm.n_slots = (size_t)n_commit;
+    cm.keep_len = c_keep;
+    cm.n_keep_len = (size_t)n_commit;
+    Lockstep__Command cc = LOCKSTEP__COMMAND__INIT;
+    cc.type = LOCKSTEP__CMD_TYPE__EP_CMD_COMMIT;
+    cc.payload_case = LOCKSTEP__COMMAND__PAYLOAD_COMMIT;
+    cc.commit = &cm;
+    LKS_TRY(lks_world_submit(s->w, &cc, NULL));
   }
   pthread_mutex_lock(&s->mu);
   hist_add(&s->st.step, now() - t0);

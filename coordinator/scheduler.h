@@ -88,6 +88,7 @@ typedef struct lks_sched_stats {
   bool speculation;
   int n_drafts;
   char ladder[64];
+  uint64_t verify_rounds, proposed[16], accepted[16];  // per draft position
 } lks_sched_stats;
 void lks_sched_stats_get(lks_sched *s, lks_sched_stats *out);
 

@@ -285,11 +285,13 @@ static int copy_rows(lks_engine *e, lks_tensor dst, int d0, lks_tensor src, int 
   return rc;
 }
 
-// After a forward with mtp set: keep each slot's hidden rows for its drafter. A prefill chunk
-// also feeds the drafter the pairs (hidden j, token j + 1) it now has (the catch-up); its last row
-// stays kept until the next token is known.
-static int mtp_after_forward(lks_engine *e, const Lockstep__Forward *f, bool prefill,
-                             lks_tensor hidden) {
+// After a forward with mtp set: keep each slot's hidden rows for its drafter. Verify rows
+// (want_all) are all kept: which of them pair with which token is decided after the verdict, by
+// the next propose. Any other run of tokens (a prefill chunk, a decode row) feeds the drafter the
+// pairs (hidden j, token j + 1) it now has, including the one with the row kept before it (the
+// catch-up), and keeps its last row until the next token is known. Decided per sequence, since
+// one forward mixes prefill chunks, decodes and verifies.
+static int mtp_after_forward(lks_engine *e, const Lockstep__Forward *f, lks_tensor hidden) {
   if (!e->mkv) return lks_set_error(LKS_EUNSUPPORTED, "this model has no MTP layer");
   size_t n_rows = 0;
   for (size_t i = 0; i < f->n_seqs; i++) n_rows += f->seqs[i]->n_tokens;
@@ -300,7 +302,7 @@ static int mtp_after_forward(lks_engine *e, const Lockstep__Forward *f, bool pre
     const Lockstep__SlotTokens *s = f->seqs[i];
     spec_slot *sp = &e->spec[s->slot];
     int start = (int)s->start_pos, cnt = (int)s->n_tokens;
-    if (prefill) {
+    if (!s->want_all) {
       int first = n;
       // The kept row of the previous chunk pairs with this chunk's first token.
       if (sp->hid_rows == 1 && sp->hid_pos == start - 1) {
@@ -334,8 +336,7 @@ static int mtp_after_forward(lks_engine *e, const Lockstep__Forward *f, bool pre
   return lks_model_mtp(e->m, e->mkv, &b, stage_view(e, 0, n), NULL, NULL);
 }
 
-static int exec_forward(lks_engine *e, const Lockstep__Forward *f, bool prefill,
-                        lks_engine_out *out) {
+static int exec_forward(lks_engine *e, const Lockstep__Forward *f, lks_engine_out *out) {
   size_t n = 0, n_out = 0;
   for (size_t i = 0; i < f->n_seqs; i++) {
     n += f->seqs[i]->n_tokens;
@@ -363,7 +364,7 @@ static int exec_forward(lks_engine *e, const Lockstep__Forward *f, bool prefill,
   lks_batch b = {(int)n, e->tok, e->pos, e->seq, (int)n_out, e->out_rows};
   lks_tensor logits, hidden;
   LKS_TRY(lks_model_forward(e->m, e->kv, &b, n_out ? &logits : NULL, &hidden));
-  if (f->mtp) LKS_TRY(mtp_after_forward(e, f, prefill, hidden));
+  if (f->mtp) LKS_TRY(mtp_after_forward(e, f, hidden));
   memset(out, 0, sizeof *out);
   out->n = (int)n_out;
   if (n_out == 0 || f->output == LOCKSTEP__OUTPUT_MODE__OUT_NONE) return 0;
@@ -469,7 +470,7 @@ int lks_engine_exec(lks_engine *e, const Lockstep__Command *cmd, lks_engine_out 
     case LOCKSTEP__CMD_TYPE__EP_CMD_PREFILL:
     case LOCKSTEP__CMD_TYPE__EP_CMD_DECODE:
     case LOCKSTEP__CMD_TYPE__EP_CMD_VERIFY:
-      return exec_forward(e, cmd->forward, cmd->type == LOCKSTEP__CMD_TYPE__EP_CMD_PREFILL, out);
+      return exec_forward(e, cmd->forward, out);
     case LOCKSTEP__CMD_TYPE__EP_CMD_MTP_PROPOSE:
       return exec_propose(e, cmd->propose, out);
     case LOCKSTEP__CMD_TYPE__EP_CMD_SET_LEVERS:

@@ -3,16 +3,18 @@
 # `mpirun -np 2 lockstep serve` on a model, exercised by the official openai npm client
 # (openai_test.mjs), then shut down through /admin/shutdown: the job must exit 0, and every rank
 # must have logged the levers change at the same step.
-# usage: serve_test.sh LOCKSTEP MODEL_DIR PORT
+# usage: serve_test.sh LOCKSTEP MODEL_DIR PORT [SERVE_ARGS...] (e.g. --spec mtp -k 2: the results
+# must still equal plain `lockstep generate`)
 set -u
 lockstep=$1 model=$2 port=$3
+shift 3
 here=$(cd "$(dirname "$0")" && pwd)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 token=test-admin-token-$$
 log=$(mktemp)
 trap 'kill $pid 2>/dev/null; rm -f "$log"' EXIT
 mpirun --oversubscribe -np 2 "$lockstep" serve --model "$model" --port "$port" --threads 1 \
-  --admin-token "$token" --max-slots 8 > "$log" 2>&1 &
+  --admin-token "$token" --max-slots 8 "$@" > "$log" 2>&1 &
 pid=$!
 for _ in $(seq 1 600); do
   curl -sf "http://127.0.0.1:$port/health" > /dev/null && break
