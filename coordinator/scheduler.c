@@ -63,6 +63,7 @@ struct lks_sched {
   lks_req **slot;  // [n_slots]
   int n_slots;
   bool stopping, draining, failed;
+  double stop_at;  // when the drain began
   bool levers_pending, speculation;
   int n_drafts;
   char ladder[64];
@@ -585,6 +586,8 @@ static int step(lks_sched *s) {
 int lks_sched_run(lks_sched *s) {
   for (;;) {
     int rc = step(s);
+    // While idle no command reveals a dead worker; the control plane's own check does.
+    if (rc == 0 && s->w->ctl) rc = lks_ctl_poll(s->w->ctl);
     if (rc < 0) {
       char why[512];
       snprintf(why, sizeof why, "%s", lks_last_error());
@@ -604,6 +607,15 @@ int lks_sched_run(lks_sched *s) {
       pthread_mutex_unlock(&s->mu);
       return 0;
     }
+    if (s->stopping && now() - s->stop_at > s->o.drain_grace) {
+      // The grace period is over: what still runs ends with an error, then the loop ends.
+      LKS_LOG(LKS_LOG_WARN, "drain: %.0f s grace over; ending the requests still running", s->o.drain_grace);
+      for (int i = 0; i < s->n_slots; i++)
+        if (s->slot[i]) req_fail(s->slot[i], "the server shut down before this request finished");
+      for (lks_req *r = s->q_head; r; r = r->next) req_fail(r, "the server shut down before this request started");
+      pthread_mutex_unlock(&s->mu);
+      return 0;
+    }
     if (rc == 0 && !busy && !s->levers_pending) {
       struct timespec dl;
       deadline_in(&dl, 0.05);
@@ -615,6 +627,7 @@ int lks_sched_run(lks_sched *s) {
 
 void lks_sched_stop(lks_sched *s, bool drain) {
   pthread_mutex_lock(&s->mu);
+  if (!s->stopping) s->stop_at = now();
   s->stopping = true;
   s->draining = drain;
   pthread_cond_broadcast(&s->cv);

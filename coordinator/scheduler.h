@@ -48,6 +48,7 @@ typedef struct lks_sched_opts {
   int max_queue;     // requests waiting for a slot
   int chunk;         // prefill tokens per step, over all sequences
   int max_len;       // positions a sequence may hold
+  double drain_grace;  // seconds a drain waits for running requests
 } lks_sched_opts;
 
 lks_sched *lks_sched_new(lks_world *w, const lks_tokenizer *tok, const lks_sched_opts *o);

@@ -39,6 +39,8 @@ static const lks_setting_def defs[] = {
      "serve: requests waiting for a slot; beyond, 429"},
     {"prefill-chunk", 0, LKS_SET_INT, 1, 1 << 20, "256", false,
      "serve: prompt tokens prefilled per step, over all sequences"},
+    {"drain-grace", 0, LKS_SET_FLOAT, 0, 86400, "30", false,
+     "serve: seconds a drain (SIGTERM, /admin/drain) waits for running requests"},
     {"max-body", 0, LKS_SET_INT, 1024, 1 << 30, "1048576", false,
      "serve: the largest request body, bytes; beyond, 413"},
     {"world", 0, LKS_SET_INT, 1, 1024, "1", false,

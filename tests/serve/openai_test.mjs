@@ -7,6 +7,7 @@
 // endpoints' 401 / 403 / 200. Prints "N passed, M failed" last.
 import OpenAI from "openai";
 import { execFileSync } from "node:child_process";
+import net from "node:net";
 
 const [base, lockstep, modelDir, adminToken] = process.argv.slice(2);
 const client = new OpenAI({ baseURL: base + "/v1", apiKey: "unused", maxRetries: 0, timeout: 120000 });
@@ -152,6 +153,18 @@ for (const [path, body] of bads) {
   if (ok.usage.completion_tokens !== 2) badOk -= 1000;
 }
 check(badOk === bads.length, `${badOk} of ${bads.length} bad requests answered 4xx with an error body, good requests served between them`);
+// A client that stops halfway through its body and goes away: the server drops the connection
+// and keeps serving.
+await new Promise((resolve) => {
+  const u = new URL(base);
+  const sock = net.connect(Number(u.port), u.hostname, () => {
+    sock.write("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{\"prompt\": \"half");
+    setTimeout(() => { sock.destroy(); resolve(); }, 200);
+  });
+  sock.on("error", resolve);
+});
+const afterHalf = await client.completions.create({ model: modelId, prompt: [5, 6, 7], max_tokens: 2, temperature: 0 });
+check(afterHalf.usage.completion_tokens === 2, "a request cut off halfway does not disturb the server");
 const wrongMethod = await raw("/v1/completions", undefined, {}, "GET");
 check(wrongMethod.status === 405, "GET /v1/completions is 405");
 
