@@ -314,6 +314,7 @@ int lks_ctl_send(lks_ctl *c, Lockstep__Command *cmd) {
   cmd->protocol_version = LKS_PROTOCOL_VERSION;
   cmd->step_id = ++c->step;
   c->comm->step = c->step;
+  lks_log_set_step(c->step);
   if (cmd->type == LOCKSTEP__CMD_TYPE__EP_CMD_SHUTDOWN) c->shutdown_step = c->step;
   if (c->world == 1) return 0;
   LKS_TRY(lks_ctl_poll(c));
@@ -393,6 +394,7 @@ int lks_ctl_recv(lks_ctl *c, Lockstep__Command **out, double timeout_s) {
   }
   c->step = cmd->step_id;
   c->comm->step = c->step;
+  lks_log_set_step(c->step);
   if (c->fault_step == c->step && !strcmp(c->fault, "die")) raise(SIGKILL);
   *out = cmd;
   return 0;

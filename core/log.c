@@ -11,9 +11,11 @@
 
 int lks__log_level = LKS_LOG_INFO;
 static int log_rank = 0;
+static _Atomic unsigned long long log_step = 0;
 
 void lks_log_set_level(lks_log_level level) { lks__log_level = (int)level; }
 void lks_log_set_rank(int rank) { log_rank = rank; }
+void lks_log_set_step(unsigned long long step) { log_step = step; }
 
 int lks_log_parse_level(const char *s) {
   static const char *names[] = {"error", "warn", "info", "debug"};
@@ -35,6 +37,9 @@ void lks__log(lks_log_level level, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  fprintf(stderr, "%02d:%02d:%02d.%03ld %c [rank %d %s] %s\n", tm.tm_hour, tm.tm_min, tm.tm_sec,
-          ts.tv_nsec / 1000000, tag[level], log_rank, host, msg);
+  unsigned long long step = log_step;
+  char where[32] = "";
+  if (step) snprintf(where, sizeof where, " step %llu", step);
+  fprintf(stderr, "%02d:%02d:%02d.%03ld %c [rank %d %s%s] %s\n", tm.tm_hour, tm.tm_min, tm.tm_sec,
+          ts.tv_nsec / 1000000, tag[level], log_rank, host, where, msg);
 }
