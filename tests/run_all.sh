@@ -7,7 +7,7 @@
 # Build trees: build-release/ and build-asan/ under the repository root. Exit status: ctest's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash deploy/install-deps.sh
+bash deploy/install-deps.sh --tests
 jobs=$(nproc)
 
 echo "== release build (gcc)"

@@ -2,6 +2,7 @@
 // The worker command loop (see worker.h).
 #include "worker/worker.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <time.h>
 
@@ -15,6 +16,9 @@ static double now(void) {
 }
 
 int lks_worker_run(lks_world *w) {
+  // A launcher's SIGTERM (slurm's scancel, systemd) reaches every rank at once; the workers keep
+  // serving the coordinator's drain and leave at its EP_CMD_SHUTDOWN (or when it disappears).
+  signal(SIGTERM, SIG_IGN);
   for (;;) {
     Lockstep__Command *cmd;
     int rc = lks_ctl_recv(w->ctl, &cmd, 3 * w->heartbeat_s);
