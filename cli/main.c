@@ -27,7 +27,8 @@ static void usage(FILE *f) {
           "  detokenize DIR 1,2,3                               text of the ids\n"
           "  inspect DIR                                        architecture, sizes, problems\n"
           "  bench [--model DIR]                                prefill/decode speed vs bandwidth\n"
-          "  serve [--model DIR] [--port 8080]                  OpenAI-compatible HTTP API\n\n"
+          "  serve [--model DIR] [--port 8080]                  OpenAI-compatible HTTP API\n"
+          "  version                                            build id and protocol version\n\n"
           "options (also LKS_<NAME> in the environment):\n");
   lks_settings_print_help(f);
   fprintf(f, "\ndefault model: %s\n", LKS_DEFAULT_MODEL);
@@ -44,6 +45,10 @@ int main(int argc, char **argv) {
     return argc < 2 ? 2 : 0;
   }
   const char *cmd = argv[1];
+  if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+    printf("lockstep %s (protocol %d)\n", lks_build_id(), LKS_PROTOCOL_VERSION);
+    return 0;
+  }
   lks_settings *s = lks_settings_new();
   if (!s) {
     fprintf(stderr, "lockstep: %s\n", lks_last_error());

@@ -15,6 +15,8 @@
 #define LKS_BUILD_ID "unknown"
 #endif
 
+const char *lks_build_id(void) { return LKS_BUILD_ID; }
+
 static double now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -37,6 +37,9 @@ int lks_world_submit(lks_world *w, Lockstep__Command *cmd, lks_engine_out *out);
 // Rank 0: tells the workers to exit and waits for their acks; then frees (all ranks).
 void lks_world_stop(lks_world *w);
 
+// The build's identity (git describe at configure time), as the fingerprint carries it.
+const char *lks_build_id(void);
+
 // Compares the fingerprints of all ranks (a collective). Exposed for tests.
 int lks_world_agree(lks_comm *comm, const lks_settings *s, const char *model_dir);
 
