@@ -107,17 +107,17 @@ static int mtp_after_decode(lks_proposer *p, lks_spec_seq *s, int pos, int32_t n
 }
 
 static int mtp_catchup(lks_proposer *p, lks_spec_seq **s, int n) {
-  lks_spec_seq *todo[64];
+  lks_spec_seq *batch[64];
   int k = 0;
   for (int i = 0; i < n; i++)
     if (((mtp_state *)s[i]->state)->n_pending > 0) {
       if (k == 64) {
-        LKS_TRY(mtp_submit(p, todo, k, 0, NULL));
+        LKS_TRY(mtp_submit(p, batch, k, 0, NULL));
         k = 0;
       }
-      todo[k++] = s[i];
+      batch[k++] = s[i];
     }
-  return k ? mtp_submit(p, todo, k, 0, NULL) : 0;
+  return k ? mtp_submit(p, batch, k, 0, NULL) : 0;
 }
 
 static const lks_proposer_ops mtp_ops = {
