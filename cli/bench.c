@@ -70,40 +70,6 @@ static double measure_bandwidth(int threads) {
   return (double)n * sizeof(float) / median(t, 7);
 }
 
-static int submit_forward(lks_world *w, Lockstep__CmdType type, int32_t *tok, int n, int start,
-                          int32_t *next) {
-  Lockstep__SlotTokens st = LOCKSTEP__SLOT_TOKENS__INIT;
-  Lockstep__SlotTokens *seqs[1] = {&st};
-  st.start_pos = (uint32_t)start;
-  st.tokens = tok;
-  st.n_tokens = (size_t)n;
-  st.want_last = true;
-  Lockstep__Forward f = LOCKSTEP__FORWARD__INIT;
-  f.seqs = seqs;
-  f.n_seqs = 1;
-  f.output = LOCKSTEP__OUTPUT_MODE__OUT_GREEDY;
-  Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
-  cmd.type = type;
-  cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_FORWARD;
-  cmd.forward = &f;
-  lks_engine_out out;
-  LKS_TRY(lks_world_submit(w, &cmd, &out));
-  *next = out.tokens[0];
-  return 0;
-}
-
-static int submit_slot(lks_world *w, Lockstep__CmdType type) {
-  uint32_t slot = 0;
-  Lockstep__SlotList sl = LOCKSTEP__SLOT_LIST__INIT;
-  sl.slots = &slot;
-  sl.n_slots = 1;
-  Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
-  cmd.type = type;
-  cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_SLOTS;
-  cmd.slots = &sl;
-  return lks_world_submit(w, &cmd, NULL);
-}
-
 // Round trip of a heartbeat through the control plane (send, worker acks), median over n.
 static double heartbeat_rtt(lks_world *w, int n) {
   if (!w->ctl) return 0;
@@ -153,19 +119,28 @@ int lks_cmd_bench(lks_settings *s) {
   for (int i = 0; i < len; i++) tok[i] = (int32_t)(lks_rng_next(&rng) % (uint64_t)c->vocab);
   for (int r = 0; r < reps; r++) {
     int32_t next;
-    if (submit_slot(w, LOCKSTEP__CMD_TYPE__EP_CMD_ALLOC_SLOT) < 0) goto fail;
+    const uint32_t slot0 = 0;
+    lks_engine_out out;
+    if (lks_world_slots(w, LOCKSTEP__CMD_TYPE__EP_CMD_ALLOC_SLOT, &slot0, 1) < 0) goto fail;
     double t0 = lks_now();
-    if (submit_forward(w, LOCKSTEP__CMD_TYPE__EP_CMD_PREFILL, tok, n_pre, 0, &next) < 0) goto fail;
+    if (lks_world_forward1(w, LOCKSTEP__CMD_TYPE__EP_CMD_PREFILL, 0, tok, n_pre, 0, false, false,
+                           false, &out) < 0)
+      goto fail;
+    next = out.tokens[0];
     tp[r] = lks_now() - t0;
     double c0 = w->t_control, e0 = w->t_exec, m0 = w->t_comm;
     t0 = lks_now();
-    for (int i = 0; i < n_dec; i++)
-      if (submit_forward(w, LOCKSTEP__CMD_TYPE__EP_CMD_DECODE, &next, 1, n_pre + i, &next) < 0) goto fail;
+    for (int i = 0; i < n_dec; i++) {
+      if (lks_world_forward1(w, LOCKSTEP__CMD_TYPE__EP_CMD_DECODE, 0, &next, 1, n_pre + i, false,
+                             false, false, &out) < 0)
+        goto fail;
+      next = out.tokens[0];
+    }
     td[r] = lks_now() - t0;
     ctl += (w->t_control - c0) / n_dec / reps;
     exec += (w->t_exec - e0) / n_dec / reps;
     comm += (w->t_comm - m0) / n_dec / reps;
-    if (submit_slot(w, LOCKSTEP__CMD_TYPE__EP_CMD_FREE_SLOT) < 0) goto fail;
+    if (lks_world_slots(w, LOCKSTEP__CMD_TYPE__EP_CMD_FREE_SLOT, &slot0, 1) < 0) goto fail;
   }
   // Speculation: the same prompt through the speculative driver, with and without the proposer.
   const char *spec = lks_settings_str(s, "spec");

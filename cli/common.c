@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "core/clock.h"
 #include "coordinator/world.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -18,11 +19,7 @@ int lks_cli_worker(lks_world *w) {
   return rc < 0 ? 1 : 0;
 }
 
-double lks_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+double lks_now(void) { return lks_clock(); }
 
 int lks_cli_parse_ids(const char *text, int vocab, int32_t **ids, int *n) {
   *n = 0;

@@ -9,15 +9,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "spec/spec.h"
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void deadline_in(struct timespec *ts, double s) {
   clock_gettime(CLOCK_REALTIME, ts);
@@ -182,7 +177,7 @@ lks_req *lks_sched_submit(lks_sched *s, lks_req_params *p, int *err) {
     if (l > r->max_stop) r->max_stop = l;
   }
   r->slot = -1;
-  r->t_submit = now();
+  r->t_submit = lks_clock();
   lks_rng_seed(&r->rng, r->p.seed);
   r->detok = s->tok ? lks_detok_new(s->tok, true) : NULL;
   pthread_mutex_lock(&s->mu);
@@ -251,7 +246,7 @@ static void req_append(lks_req *r, const char *t, size_t n) {
 // A generated token for a request (scheduler thread). Returns true when the request finished.
 static bool req_emit(lks_sched *s, lks_req *r, int32_t tok) {
   const lks_config *c = lks_model_config(s->w->model);
-  double t = now();
+  double t = lks_clock();
   pthread_mutex_lock(&s->mu);
   if (r->n_generated == 0)
     hist_add(&s->st.ttft, t - r->t_submit);
@@ -316,18 +311,6 @@ static void req_fail(lks_req *r, const char *why) {
 
 // ---- commands ----
 
-static int slots_cmd(lks_sched *s, Lockstep__CmdType type, uint32_t *slots, int n) {
-  if (n == 0) return 0;
-  Lockstep__SlotList sl = LOCKSTEP__SLOT_LIST__INIT;
-  sl.slots = slots;
-  sl.n_slots = (size_t)n;
-  Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
-  cmd.type = type;
-  cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_SLOTS;
-  cmd.slots = &sl;
-  return lks_world_submit(s->w, &cmd, NULL);
-}
-
 // One step: free finished slots, admit queued requests, run one forward of prefill chunks and
 // decode rows, hand out the tokens. Returns 1 when it did work, 0 when idle, or an error.
 static int step(lks_sched *s) {
@@ -384,8 +367,8 @@ static int step(lks_sched *s) {
   lv.ladder = s->ladder;
   pthread_mutex_unlock(&s->mu);
 
-  LKS_TRY(slots_cmd(s, LOCKSTEP__CMD_TYPE__EP_CMD_FREE_SLOT, to_free, n_free));
-  LKS_TRY(slots_cmd(s, LOCKSTEP__CMD_TYPE__EP_CMD_ALLOC_SLOT, to_alloc, n_alloc));
+  LKS_TRY(lks_world_slots(s->w, LOCKSTEP__CMD_TYPE__EP_CMD_FREE_SLOT, to_free, n_free));
+  LKS_TRY(lks_world_slots(s->w, LOCKSTEP__CMD_TYPE__EP_CMD_ALLOC_SLOT, to_alloc, n_alloc));
   if (levers) {
     Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
     cmd.type = LOCKSTEP__CMD_TYPE__EP_CMD_SET_LEVERS;
@@ -484,7 +467,7 @@ static int step(lks_sched *s) {
   cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_FORWARD;
   cmd.forward = &f;
   lks_engine_out out;
-  double t0 = now();
+  double t0 = lks_clock();
   LKS_TRY(lks_world_submit(s->w, &cmd, &out));
   int V = lks_model_config(s->w->model)->vocab, o = 0;
   uint32_t c_slot[4096], c_keep[4096];
@@ -564,20 +547,9 @@ static int step(lks_sched *s) {
       req_emit(s, r, bonus);
     }
   }
-  if (n_commit) {
-    Lockstep__Commit cm = LOCKSTEP__COMMIT__INIT;
-    cm.slots = c_slot;
-    cm.n_slots = (size_t)n_commit;
-    cm.keep_len = c_keep;
-    cm.n_keep_len = (size_t)n_commit;
-    Lockstep__Command cc = LOCKSTEP__COMMAND__INIT;
-    cc.type = LOCKSTEP__CMD_TYPE__EP_CMD_COMMIT;
-    cc.payload_case = LOCKSTEP__COMMAND__PAYLOAD_COMMIT;
-    cc.commit = &cm;
-    LKS_TRY(lks_world_submit(s->w, &cc, NULL));
-  }
+  LKS_TRY(lks_world_commit(s->w, c_slot, c_keep, n_commit));
   pthread_mutex_lock(&s->mu);
-  hist_add(&s->st.step, now() - t0);
+  hist_add(&s->st.step, lks_clock() - t0);
   s->st.steps++;
   pthread_mutex_unlock(&s->mu);
   return 1;
@@ -607,7 +579,7 @@ int lks_sched_run(lks_sched *s) {
       pthread_mutex_unlock(&s->mu);
       return 0;
     }
-    if (s->stopping && now() - s->stop_at > s->o.drain_grace) {
+    if (s->stopping && lks_clock() - s->stop_at > s->o.drain_grace) {
       // The grace period is over: what still runs ends with an error, then the loop ends.
       LKS_LOG(LKS_LOG_WARN, "drain: %.0f s grace over; ending the requests still running", s->o.drain_grace);
       for (int i = 0; i < s->n_slots; i++)
@@ -627,7 +599,7 @@ int lks_sched_run(lks_sched *s) {
 
 void lks_sched_stop(lks_sched *s, bool drain) {
   pthread_mutex_lock(&s->mu);
-  if (!s->stopping) s->stop_at = now();
+  if (!s->stopping) s->stop_at = lks_clock();
   s->stopping = true;
   s->draining = drain;
   pthread_cond_broadcast(&s->cv);

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "model/safetensors.h"
@@ -16,12 +17,6 @@
 #endif
 
 const char *lks_build_id(void) { return LKS_BUILD_ID; }
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 // ---- fingerprint ----
 
@@ -119,12 +114,12 @@ lks_world *lks_world_start(const lks_settings *s, const char *dir, int max_slots
   const lks_config *cfg;
   w->be = lks_backend_new(lks_settings_str(s, "backend"), (int)lks_settings_int(s, "threads"));
   if (!w->be) goto fail;
-  double t0 = now();
+  double t0 = lks_clock();
   w->model = lks_model_load_shard(dir, w->be, w->comm, NULL, NULL);
   if (!w->model) goto fail;
   cfg = lks_model_config(w->model);
   LKS_LOG(LKS_LOG_INFO, "loaded %s (%s) in %.2f s: %.1f MB of weights on this rank", dir,
-          cfg->architecture, now() - t0, lks_model_loaded_bytes(w->model) / 1e6);
+          cfg->architecture, lks_clock() - t0, lks_model_loaded_bytes(w->model) / 1e6);
   w->engine = lks_engine_new(w->model, max_slots, (int)lks_settings_int(s, "max-seq-len"),
                              (int)lks_settings_int(s, "kv-block"));
   if (!w->engine) goto fail;
@@ -148,20 +143,68 @@ fail:
 int lks_world_submit(lks_world *w, Lockstep__Command *cmd, lks_engine_out *out) {
   // Rank 0 validates completely before sending: a command that reaches a worker is valid.
   LKS_TRY(lks_engine_check(w->engine, cmd));
-  double t0 = now();
+  double t0 = lks_clock();
   if (w->ctl) {
     LKS_TRY(lks_ctl_send(w->ctl, cmd));
   } else {
     w->comm->step++;
   }
-  double t1 = now(), c0 = w->comm->stats.seconds;
+  double t1 = lks_clock(), c0 = w->comm->stats.seconds;
   LKS_TRY(lks_engine_exec(w->engine, cmd, out));
-  double t2 = now();
+  double t2 = lks_clock();
   w->t_control += t1 - t0;
   w->t_comm += w->comm->stats.seconds - c0;
   w->t_exec += (t2 - t1) - (w->comm->stats.seconds - c0);
   w->n_submitted++;
   return 0;
+}
+
+int lks_world_slots(lks_world *w, Lockstep__CmdType type, const uint32_t *slots, int n) {
+  if (n == 0) return 0;
+  Lockstep__SlotList sl = LOCKSTEP__SLOT_LIST__INIT;
+  sl.slots = (uint32_t *)slots;
+  sl.n_slots = (size_t)n;
+  Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
+  cmd.type = type;
+  cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_SLOTS;
+  cmd.slots = &sl;
+  return lks_world_submit(w, &cmd, NULL);
+}
+
+int lks_world_commit(lks_world *w, const uint32_t *slots, const uint32_t *keep, int n) {
+  if (n == 0) return 0;
+  Lockstep__Commit c = LOCKSTEP__COMMIT__INIT;
+  c.slots = (uint32_t *)slots;
+  c.n_slots = (size_t)n;
+  c.keep_len = (uint32_t *)keep;
+  c.n_keep_len = (size_t)n;
+  Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
+  cmd.type = LOCKSTEP__CMD_TYPE__EP_CMD_COMMIT;
+  cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_COMMIT;
+  cmd.commit = &c;
+  return lks_world_submit(w, &cmd, NULL);
+}
+
+int lks_world_forward1(lks_world *w, Lockstep__CmdType type, int slot, const int32_t *tok, int n,
+                       int start, bool want_all, bool mtp, bool logits, lks_engine_out *out) {
+  Lockstep__SlotTokens st = LOCKSTEP__SLOT_TOKENS__INIT;
+  Lockstep__SlotTokens *seqs[1] = {&st};
+  st.slot = (uint32_t)slot;
+  st.start_pos = (uint32_t)start;
+  st.tokens = (int32_t *)tok;
+  st.n_tokens = (size_t)n;
+  st.want_last = !want_all;
+  st.want_all = want_all;
+  Lockstep__Forward f = LOCKSTEP__FORWARD__INIT;
+  f.seqs = seqs;
+  f.n_seqs = 1;
+  f.output = logits ? LOCKSTEP__OUTPUT_MODE__OUT_LOGITS : LOCKSTEP__OUTPUT_MODE__OUT_GREEDY;
+  f.mtp = mtp;
+  Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
+  cmd.type = type;
+  cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_FORWARD;
+  cmd.forward = &f;
+  return lks_world_submit(w, &cmd, out);
 }
 
 void lks_world_stop(lks_world *w) {

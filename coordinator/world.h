@@ -34,6 +34,14 @@ typedef struct lks_world {
 lks_world *lks_world_start(const lks_settings *s, const char *model_dir, int max_slots);
 // Rank 0: stamps and sends `cmd` to every worker, then executes it here.
 int lks_world_submit(lks_world *w, Lockstep__Command *cmd, lks_engine_out *out);
+// Rank 0: the common commands, built and submitted. Slot commands (ALLOC_SLOT, FREE_SLOT) for
+// n slots; COMMIT keeping keep[i] positions of slots[i]; a forward of n tokens of one slot from
+// position `start`, asking for the last row's output (or every row's, want_all), as greedy ids
+// or logits, keeping hidden states for the drafter when mtp is set.
+int lks_world_slots(lks_world *w, Lockstep__CmdType type, const uint32_t *slots, int n);
+int lks_world_commit(lks_world *w, const uint32_t *slots, const uint32_t *keep, int n);
+int lks_world_forward1(lks_world *w, Lockstep__CmdType type, int slot, const int32_t *tok, int n,
+                       int start, bool want_all, bool mtp, bool logits, lks_engine_out *out);
 // Rank 0: tells the workers to exit and waits for their acks; then frees (all ranks).
 void lks_world_stop(lks_world *w);
 

@@ -11,15 +11,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/clock.h"
 #include "core/comm.h"
 #include "core/error.h"
 #include "core/log.h"
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int mpi_fail(lks_comm *c, int rc, const char *coll, lks_comm_where w) {
   char msg[MPI_MAX_ERROR_STRING] = "";
@@ -32,7 +27,7 @@ static int mpi_fail(lks_comm *c, int rc, const char *coll, lks_comm_where w) {
 
 // Waits for a started request until the deadline.
 static int wait_req(lks_comm *c, MPI_Request *req, const char *coll, lks_comm_where w) {
-  double t0 = now(), next_poll = t0 + 1e-3;
+  double t0 = lks_clock(), next_poll = t0 + 1e-3;
   for (long spins = 0;; spins++) {
     int done = 0;
     int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
@@ -40,7 +35,7 @@ static int wait_req(lks_comm *c, MPI_Request *req, const char *coll, lks_comm_wh
     if (done) break;
     if (spins < 200) continue;
     sched_yield();
-    double t = now();
+    double t = lks_clock();
     if (t < next_poll) continue;
     next_poll = t + 1e-3;
     if (c->poll) {
@@ -60,7 +55,7 @@ static int wait_req(lks_comm *c, MPI_Request *req, const char *coll, lks_comm_wh
                            coll, w.what ? w.what : "-", w.layer, (unsigned long long)c->step,
                            c->timeout_s, c->rank);
   }
-  c->stats.seconds += now() - t0;
+  c->stats.seconds += lks_clock() - t0;
   return 0;
 }
 

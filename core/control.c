@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 // The ZeroMQ control plane (see control.h).
+#include "core/clock.h"
 #include "core/control.h"
 
 #include <pthread.h>
@@ -54,12 +55,6 @@ static void *beat_main(void *arg) {
     }
   }
   return NULL;
-}
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static int zfail(const char *what) {
@@ -244,10 +239,10 @@ lks_ctl *lks_ctl_new(lks_comm *comm, double timeout_s, double heartbeat_s) {
     if (send_ack(p->sock, &hello) < 0) goto fail;
   } else {
     // Wait for every worker's hello before any command.
-    double deadline = now() + timeout_s;
+    double deadline = lks_clock() + timeout_s;
     for (int r = 1; r < c->world; r++) {
       zmq_pollitem_t it = {c->peers[r].sock, 0, ZMQ_POLLIN, 0};
-      long ms = (long)((deadline - now()) * 1e3);
+      long ms = (long)((deadline - lks_clock()) * 1e3);
       if (ms < 0 || zmq_poll(&it, 1, ms) <= 0) {
         lks_set_error(LKS_EIO, "control plane: no hello from rank %d (%s) within %.0f s (%s)", r,
                       c->hosts[r], timeout_s, eps[r]);
@@ -340,13 +335,13 @@ int lks_ctl_send(lks_ctl *c, Lockstep__Command *cmd) {
 }
 
 int lks_ctl_wait_acks(lks_ctl *c, uint64_t step, double timeout_s) {
-  double deadline = now() + timeout_s;
+  double deadline = lks_clock() + timeout_s;
   for (int r = 1; r < c->world; r++) {
     while (c->peers[r].acked < step) {
       LKS_TRY(lks_ctl_poll(c));
       if (c->peers[r].acked >= step) break;
       zmq_pollitem_t it = {c->peers[r].sock, 0, ZMQ_POLLIN, 0};
-      long ms = (long)((deadline - now()) * 1e3);
+      long ms = (long)((deadline - lks_clock()) * 1e3);
       if (ms <= 0)
         return lks_set_error(LKS_EIO, "rank %d (%s) did not ack step %llu within %.1f s", r,
                              c->hosts[r], (unsigned long long)step, timeout_s);
@@ -359,7 +354,7 @@ int lks_ctl_wait_acks(lks_ctl *c, uint64_t step, double timeout_s) {
 int lks_ctl_recv(lks_ctl *c, Lockstep__Command **out, double timeout_s) {
   *out = NULL;
   peer *p = &c->peers[0];
-  double deadline = now() + timeout_s;
+  double deadline = lks_clock() + timeout_s;
   zmq_msg_t msg;
   zmq_msg_init(&msg);
   for (;;) {
@@ -368,7 +363,7 @@ int lks_ctl_recv(lks_ctl *c, Lockstep__Command **out, double timeout_s) {
       return lks_set_error(LKS_EIO, "the coordinator (rank 0, %s) disconnected", c->hosts[0]);
     }
     zmq_pollitem_t it[2] = {{p->sock, 0, ZMQ_POLLIN, 0}, {p->beat, 0, ZMQ_POLLIN, 0}};
-    long ms = (long)((deadline - now()) * 1e3);
+    long ms = (long)((deadline - lks_clock()) * 1e3);
     if (ms <= 0) {
       zmq_msg_close(&msg);
       return lks_set_error(LKS_EIO,
@@ -380,7 +375,7 @@ int lks_ctl_recv(lks_ctl *c, Lockstep__Command **out, double timeout_s) {
       char b;
       while (zmq_recv(p->beat, &b, 1, ZMQ_DONTWAIT) >= 0) {
       }
-      deadline = now() + timeout_s;
+      deadline = lks_clock() + timeout_s;
     }
     if ((it[0].revents & ZMQ_POLLIN) && zmq_msg_recv(&msg, p->sock, 0) >= 0) break;
   }

@@ -12,65 +12,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "spec/spec.h"
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int slot_cmd(lks_world *w, Lockstep__CmdType type) {
-  uint32_t slot = 0;
-  Lockstep__SlotList sl = LOCKSTEP__SLOT_LIST__INIT;
-  sl.slots = &slot;
-  sl.n_slots = 1;
-  Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
-  cmd.type = type;
-  cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_SLOTS;
-  cmd.slots = &sl;
-  return lks_world_submit(w, &cmd, NULL);
-}
-
-// A forward of `n` tokens of slot 0 at `start`: greedy ids or logits of the last row (want_all:
-// of every row).
-static int forward(lks_world *w, Lockstep__CmdType type, const int32_t *tok, int n, int start,
-                   bool want_all, bool mtp, bool logits, lks_engine_out *out) {
-  Lockstep__SlotTokens st = LOCKSTEP__SLOT_TOKENS__INIT;
-  Lockstep__SlotTokens *seqs[1] = {&st};
-  st.slot = 0;
-  st.start_pos = (uint32_t)start;
-  st.tokens = (int32_t *)tok;
-  st.n_tokens = (size_t)n;
-  st.want_last = !want_all;
-  st.want_all = want_all;
-  Lockstep__Forward f = LOCKSTEP__FORWARD__INIT;
-  f.seqs = seqs;
-  f.n_seqs = 1;
-  f.output = logits ? LOCKSTEP__OUTPUT_MODE__OUT_LOGITS : LOCKSTEP__OUTPUT_MODE__OUT_GREEDY;
-  f.mtp = mtp;
-  Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
-  cmd.type = type;
-  cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_FORWARD;
-  cmd.forward = &f;
-  return lks_world_submit(w, &cmd, out);
-}
-
-static int commit(lks_world *w, int keep) {
-  uint32_t slot = 0, k = (uint32_t)keep;
-  Lockstep__Commit c = LOCKSTEP__COMMIT__INIT;
-  c.slots = &slot;
-  c.n_slots = 1;
-  c.keep_len = &k;
-  c.n_keep_len = 1;
-  Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
-  cmd.type = LOCKSTEP__CMD_TYPE__EP_CMD_COMMIT;
-  cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_COMMIT;
-  cmd.commit = &c;
-  return lks_world_submit(w, &cmd, NULL);
-}
 
 typedef struct {
   const lks_spec_opts *o;
@@ -123,15 +68,16 @@ int lks_spec_generate(lks_world *w, const int32_t *prompt, int n_prompt, int n_g
   memcpy(r.hist, prompt, (size_t)n_prompt * sizeof *prompt);
   r.n_hist = n_prompt;
   if (n_gen <= 0) goto done;
-  LKS_TRY(slot_cmd(w, LOCKSTEP__CMD_TYPE__EP_CMD_ALLOC_SLOT));
+  const uint32_t slot0 = 0;
+  LKS_TRY(lks_world_slots(w, LOCKSTEP__CMD_TYPE__EP_CMD_ALLOC_SLOT, &slot0, 1));
   if (pr && !(seq.state = pr->ops->alloc_state(pr, 0))) {
     rc = lks_set_error(LKS_ENOMEM, "out of memory");
     goto free_slot;
   }
   lks_engine_out out;
   int32_t T;
-  if ((rc = forward(w, LOCKSTEP__CMD_TYPE__EP_CMD_PREFILL, prompt, n_prompt, 0, false, hidden,
-                    sampling, &out)) < 0)
+  if ((rc = lks_world_forward1(w, LOCKSTEP__CMD_TYPE__EP_CMD_PREFILL, 0, prompt, n_prompt, 0,
+                               false, hidden, sampling, &out)) < 0)
     goto free_slot;
   st->target_forwards++;
   if (sampling ? (rc = pick(o, out.logits, V, &T)) < 0 : (T = out.tokens[0], 0)) goto free_slot;
@@ -147,14 +93,14 @@ int lks_spec_generate(lks_world *w, const int32_t *prompt, int n_prompt, int n_g
     if (k > 0 && plain_left > 0) k = 0;
     int32_t drafts[LKS_MAX_DRAFTS];
     int n_d = 0;
-    double t0 = now();
+    double t0 = lks_clock();
     seq.n_history = r.n_hist;
     if (k > 0 && (rc = pr->ops->propose_batch(pr, seqs, 1, k, drafts, &n_d)) < 0) goto free_slot;
     if (n_d == 0) {
       // A plain step. The drafter first catches up on what the last step left it.
       if (pr && pr->ops->catchup && (rc = pr->ops->catchup(pr, seqs, 1)) < 0) goto free_slot;
-      if ((rc = forward(w, LOCKSTEP__CMD_TYPE__EP_CMD_DECODE, &T, 1, L, false, hidden, sampling,
-                        &out)) < 0)
+      if ((rc = lks_world_forward1(w, LOCKSTEP__CMD_TYPE__EP_CMD_DECODE, 0, &T, 1, L, false,
+                                   hidden, sampling, &out)) < 0)
         goto free_slot;
       st->target_forwards++;
       int32_t next;
@@ -163,7 +109,7 @@ int lks_spec_generate(lks_world *w, const int32_t *prompt, int n_prompt, int n_g
       L += 1;
       T = next;
       if ((rc = emit(&r, T)) < 0) goto free_slot;
-      double dt = now() - t0;
+      double dt = lks_clock() - t0;
       st->plain_steps++;
       st->t_plain += dt;
       st->tok_plain++;
@@ -175,8 +121,8 @@ int lks_spec_generate(lks_world *w, const int32_t *prompt, int n_prompt, int n_g
     int32_t rows[LKS_MAX_DRAFTS + 1];
     rows[0] = T;
     memcpy(rows + 1, drafts, (size_t)n_d * sizeof *drafts);
-    if ((rc = forward(w, LOCKSTEP__CMD_TYPE__EP_CMD_VERIFY, rows, n_d + 1, L, true, hidden, sampling,
-                      &out)) < 0)
+    if ((rc = lks_world_forward1(w, LOCKSTEP__CMD_TYPE__EP_CMD_VERIFY, 0, rows, n_d + 1, L, true,
+                                 hidden, sampling, &out)) < 0)
       goto free_slot;
     st->target_forwards++;
     int a;
@@ -217,14 +163,15 @@ int lks_spec_generate(lks_world *w, const int32_t *prompt, int n_prompt, int n_g
       st->proposed[i]++;
       if (i < a) st->accepted[i]++;
     }
-    if ((rc = commit(w, L + a + 1)) < 0) goto free_slot;
+    const uint32_t slot0 = 0, keep = (uint32_t)(L + a + 1);
+    if ((rc = lks_world_commit(w, &slot0, &keep, 1)) < 0) goto free_slot;
     if ((rc = pr->ops->after_verify(pr, &seq, L, drafts, a, bonus)) < 0) goto free_slot;
     for (int i = 0; i < a; i++)
       if ((rc = emit(&r, drafts[i])) < 0) goto free_slot;
     if ((rc = emit(&r, bonus)) < 0) goto free_slot;
     L += a + 1;
     T = bonus;
-    double dt = now() - t0;
+    double dt = lks_clock() - t0;
     st->rounds++;
     st->t_spec += dt;
     st->tok_spec += (uint64_t)(a + 1);
@@ -238,7 +185,8 @@ int lks_spec_generate(lks_world *w, const int32_t *prompt, int n_prompt, int n_g
 free_slot:
   if (seq.state) pr->ops->free_state(pr, seq.state);
   {
-    int rc2 = slot_cmd(w, LOCKSTEP__CMD_TYPE__EP_CMD_FREE_SLOT);
+    const uint32_t slot0 = 0;
+    int rc2 = lks_world_slots(w, LOCKSTEP__CMD_TYPE__EP_CMD_FREE_SLOT, &slot0, 1);
     if (rc == 0) rc = rc2;
   }
 done:

@@ -6,14 +6,9 @@
 #include <stdio.h>
 #include <time.h>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 int lks_worker_run(lks_world *w) {
   // A launcher's SIGTERM (slurm's scancel, systemd) reaches every rank at once; the workers keep
@@ -29,14 +24,14 @@ int lks_worker_run(lks_world *w) {
       lks_ctl_ack(w->ctl, 0, rc, msg, 0, 0);
       return lks_set_error(rc, "%s", msg);
     }
-    double t0 = now(), c0 = w->comm->stats.seconds;
+    double t0 = lks_clock(), c0 = w->comm->stats.seconds;
     bool shutdown = cmd->type == LOCKSTEP__CMD_TYPE__EP_CMD_SHUTDOWN;
     uint64_t step = cmd->step_id;
     rc = lks_engine_exec(w->engine, cmd, NULL);
     lockstep__command__free_unpacked(cmd, NULL);
     char msg[1024] = "";
     if (rc < 0) snprintf(msg, sizeof msg, "%s", lks_last_error());
-    lks_ctl_ack(w->ctl, step, rc, msg, now() - t0, w->comm->stats.seconds - c0);
+    lks_ctl_ack(w->ctl, step, rc, msg, lks_clock() - t0, w->comm->stats.seconds - c0);
     if (rc < 0) return lks_set_error(rc, "step %llu: %s", (unsigned long long)step, msg);
     if (shutdown) return 0;
   }
