@@ -20,7 +20,7 @@ const char *lks_build_id(void) { return LKS_BUILD_ID; }
 
 // ---- fingerprint ----
 
-enum { FP_FIELDS = 10, FP_NAME = 24, FP_VALUE = 104 };
+enum { FP_FIELDS = 11, FP_NAME = 24, FP_VALUE = 104 };
 typedef struct {
   char name[FP_FIELDS][FP_NAME];
   char value[FP_FIELDS][FP_VALUE];
@@ -71,6 +71,7 @@ static int fp_make(fingerprint *f, const lks_settings *s, const char *dir) {
   fp_set(f, 8, "spec", lks_settings_str(s, "spec"));
   snprintf(v, sizeof v, "%ld", lks_settings_int(s, "num-drafts"));
   fp_set(f, 9, "num-drafts", v);
+  fp_set(f, 10, "comm", lks_settings_str(s, "comm"));
   return 0;
 }
 
@@ -108,11 +109,25 @@ lks_world *lks_world_start(const lks_settings *s, const char *dir, int max_slots
   int dummy_argc = 0;
   char **dummy_argv = NULL;
   if (lks_mpi_init(&dummy_argc, &dummy_argv, &w->rank, &w->world) < 0) goto fail;
-  w->comm = w->world > 1 ? lks_comm_mpi_new(timeout) : lks_comm_local_new();
+  // Collectives: nccl by default with the cuda backend; mpi with it stages device buffers.
+  const char *backend = lks_settings_str(s, "backend"), *comm = lks_settings_str(s, "comm");
+  bool cuda = strcmp(backend, "cuda") == 0;
+  int gpu = (int)lks_settings_int(s, "gpu");
+  if (!comm) comm = cuda ? "nccl" : "mpi";
+  if (strcmp(comm, "nccl") != 0 && strcmp(comm, "mpi") != 0) {
+    lks_set_error(LKS_ECONFIG, "--comm %s: expected mpi or nccl", comm);
+    goto fail;
+  }
+  if (w->world == 1)
+    w->comm = lks_comm_local_new();
+  else if (strcmp(comm, "nccl") == 0)
+    w->comm = lks_comm_nccl_new(timeout, gpu);
+  else
+    w->comm = cuda ? lks_comm_mpi_cuda_new(timeout) : lks_comm_mpi_new(timeout);
   if (!w->comm) goto fail;
   if (lks_world_agree(w->comm, s, dir) < 0) goto fail;
   const lks_config *cfg;
-  w->be = lks_backend_new(lks_settings_str(s, "backend"), (int)lks_settings_int(s, "threads"));
+  w->be = lks_backend_new_on(backend, (int)lks_settings_int(s, "threads"), gpu);
   if (!w->be) goto fail;
   double t0 = lks_clock();
   w->model = lks_model_load_shard(dir, w->be, w->comm, NULL, NULL);

@@ -9,6 +9,9 @@
 #include "core/error.h"
 
 lks_backend *lks__backend_cpu_new(int threads);
+#ifdef LKS_HAVE_CUDA
+lks_backend *lks__backend_cuda_new(int device);
+#endif
 
 lks_tensor lks_tensor_rows(lks_tensor t, int64_t r0, int64_t n) {
   assert(r0 >= 0 && r0 + n <= t.rows);
@@ -32,10 +35,24 @@ lks_tensor lks_tensor_reshape(lks_tensor t, int64_t rows, int64_t cols) {
   return t;
 }
 
-lks_backend *lks_backend_new(const char *name, int threads) {
+lks_backend *lks_backend_new_on(const char *name, int threads, int device) {
   if (strcmp(name, "cpu") == 0) return lks__backend_cpu_new(threads);
-  lks_set_error(LKS_EUNSUPPORTED, "unknown backend '%s' (this build has: cpu)", name);
+#ifdef LKS_HAVE_CUDA
+  if (strcmp(name, "cuda") == 0) return lks__backend_cuda_new(device);
+  lks_set_error(LKS_EUNSUPPORTED, "unknown backend '%s' (this build has: cpu, cuda)", name);
+#else
+  (void)device;
+  if (strcmp(name, "cuda") == 0)
+    lks_set_error(LKS_EUNSUPPORTED,
+                  "backend 'cuda': this build has no CUDA (configure with the CUDA toolkit)");
+  else
+    lks_set_error(LKS_EUNSUPPORTED, "unknown backend '%s' (this build has: cpu)", name);
+#endif
   return NULL;
+}
+
+lks_backend *lks_backend_new(const char *name, int threads) {
+  return lks_backend_new_on(name, threads, -1);
 }
 
 void lks_backend_free(lks_backend *be) {

@@ -6,8 +6,8 @@
 // Results the host needs (routing, arg-max, logits for sampling) come back through explicit
 // copies (to_host) or host output arrays named as such.
 //
-// Implementations: `cpu` (always built; the reference the others are tested against) and, later,
-// `cuda`. All ops are called from one thread (the thread that created the backend); the CPU
+// Implementations: `cpu` (always built; the reference the others are tested against) and
+// `cuda` (cuda/backend_cuda.c, in builds with CUDA). All ops are called from one thread (the thread that created the backend); the CPU
 // backend parallelises internally over its thread pool. Every op returns 0 or a negative LKS_E*.
 #ifndef LKS_BACKEND_H
 #define LKS_BACKEND_H
@@ -130,9 +130,12 @@ struct lks_backend {
   const lks_backend_ops *ops;
 };
 
-// Creates a backend by name ("cpu"). threads: CPU worker threads (0: one per core).
-// NULL on failure with lks_last_error() saying why.
+// Creates a backend by name ("cpu", or "cuda" in builds with CUDA). threads: CPU worker threads
+// (0: one per core). NULL on failure with lks_last_error() saying why.
 lks_backend *lks_backend_new(const char *name, int threads);
+// The same on a chosen GPU for device backends: device >= 0, or -1 for the local rank modulo
+// the visible GPUs (lks_backend_new's choice). The CPU backend ignores it.
+lks_backend *lks_backend_new_on(const char *name, int threads, int device);
 void lks_backend_free(lks_backend *be);
 
 // Reads a whole tensor view to host memory as f32 (any dtype), row by row.

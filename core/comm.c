@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/error.h"
+
 static int loc_allreduce(lks_comm *c, void *b, size_t n, lks_dtype dt, lks_comm_where w) {
   (void)b, (void)n, (void)dt, (void)w;
   c->stats.allreduce++;
@@ -63,3 +65,17 @@ lks_comm *lks_comm_local_new(void) {
 void lks_comm_free(lks_comm *c) {
   if (c) c->ops->free(c);
 }
+
+#ifndef LKS_HAVE_CUDA
+lks_comm *lks_comm_nccl_new(double timeout_s, int device) {
+  (void)timeout_s, (void)device;
+  lks_set_error(LKS_EUNSUPPORTED, "--comm nccl: this build has no CUDA (configure with the CUDA toolkit)");
+  return NULL;
+}
+
+lks_comm *lks_comm_mpi_cuda_new(double timeout_s) {
+  (void)timeout_s;
+  lks_set_error(LKS_EUNSUPPORTED, "this build has no CUDA (configure with the CUDA toolkit)");
+  return NULL;
+}
+#endif

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
 // Collectives between the ranks that hold the shards of one model (DESIGN.md section 4): the data
 // plane of the lockstep rule. Implementations: `local` (world of one: every call is the
-// identity), `mpi` (CPU ranks; non-blocking MPI calls tested against a deadline) and, later,
-// `nccl`. Buffers are raw pointers into backend memory (lks_backend_ops.buf_ptr): host memory
+// identity), `mpi` (CPU ranks; non-blocking MPI calls tested against a deadline) and `nccl`
+// (cuda/comm_nccl.c, in builds with CUDA). Buffers are raw pointers into backend memory (lks_backend_ops.buf_ptr): host memory
 // for the CPU backend, device memory for a GPU backend with NCCL.
 //
 // Every call has a deadline (lks_comm.timeout_s). On timeout, transport error, or when the
@@ -65,6 +65,13 @@ struct lks_comm {
 lks_comm *lks_comm_local_new(void);
 // MPI_COMM_WORLD (MPI must be initialised; see lks_mpi_init). NULL when built without MPI.
 lks_comm *lks_comm_mpi_new(double timeout_s);
+// NCCL over MPI_COMM_WORLD (cuda/comm_nccl.c), one GPU per rank: `device`, or -1 for the local
+// rank modulo the visible GPUs. MPI must be initialised. NULL (with lks_last_error()) on
+// failure or in a build without CUDA.
+lks_comm *lks_comm_nccl_new(double timeout_s, int device);
+// The mpi collectives for the cuda backend: device buffers are staged through host memory (no
+// CUDA-aware MPI needed; ranks may share a GPU). NULL in a build without CUDA.
+lks_comm *lks_comm_mpi_cuda_new(double timeout_s);
 void lks_comm_free(lks_comm *c);
 
 // MPI start and finish for the executable; no-ops without MPI. lks_mpi_init returns 0 and sets

@@ -1,0 +1,555 @@
+// SPDX-License-Identifier: MIT
+// The `cuda` backend (DESIGN.md section 9): the ops of backend.h on one NVIDIA GPU, with the CPU
+// backend's semantics (core/backend_cpu.c is the reference every op is tested against, see
+// tests/gpu/test_cuda_ops.c). Buffers are cudaMalloc'd; weights are uploaded from the mmapped
+// file when wrapped (a column shard packed to its own rows). Every op is enqueued on the
+// backend's stream; host control arrays (token ids, positions, KV slots, block tables, expert
+// rows and weights) are first copied into device scratch buffers the backend owns and grows,
+// and the ops whose results the interface returns in host arrays (route, argmax) and the copies
+// (to_host, from_host) synchronise the stream before returning.
+//
+// Precision: activations, accumulation and the KV cache are f32. Matrix products with at most
+// LKS__CU_GEMV_ROWS activation rows (decode) run a warp-per-output-row kernel that widens the
+// weights exactly and accumulates in f32. With more rows: F32 weights go through cublasSgemm
+// (cuBLAS default math: no TF32 unless NVIDIA_TF32_OVERRIDE asks for it), BF16 weights through
+// cublasGemmEx on BF16 tensor cores with f32 accumulation (CUBLAS_COMPUTE_32F) — the activations
+// are rounded to BF16 for that product, a relative error of about 2^-9 per input — and F16
+// weights are widened to f32 for cublasSgemm.
+//
+// All calls come from the thread that created the backend. Errors of CUDA and cuBLAS become
+// LKS_EBACKEND with the library's message; nothing exits.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "cuda/cuda_impl.h"
+
+#define LKS_CUBLAS_TRY(expr)                                                              \
+  do {                                                                                    \
+    cublasStatus_t lks__bs = (expr);                                                      \
+    if (lks__bs != CUBLAS_STATUS_SUCCESS)                                                 \
+      return lks_set_error(LKS_EBACKEND, "cublas: %s: %s (%s:%d)", #expr,                 \
+                           cublasGetStatusString(lks__bs), __FILE__, __LINE__);           \
+  } while (0)
+
+struct lks_buf {
+  void *d;  // device memory
+  size_t bytes;
+  bool owned;  // false for wrapped weights: read-only by contract
+};
+
+// Device scratch buffers, one per use so that an op never overwrites what it still reads.
+enum {
+  SC_IDX0,   // ids, positions, slots, gathered rows
+  SC_IDX1,   // sequences
+  SC_IDX2,   // block tables
+  SC_CONV,   // converted matmul operands
+  SC_ROUTE,  // router scores, its bias in f32
+  SC_XG,     // expert: gathered rows
+  SC_GUD,    // expert: gate, up, down outputs
+  SC_W,      // expert weights
+  SC_OUT,    // results bound for host arrays
+  SC_N
+};
+
+typedef struct {
+  void *p;
+  size_t bytes;
+} dscratch;
+
+typedef struct cuda_backend {
+  lks_backend base;
+  int device;
+  cudaStream_t st;
+  cublasHandle_t blas;
+  dscratch sc[SC_N];
+} cuda_backend;
+
+int lks__cuda_pick_device(int requested) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0)
+    return lks_set_error(LKS_EBACKEND, "no CUDA device: %s",
+                         e != cudaSuccess ? cudaGetErrorString(e) : "none visible");
+  if (requested >= 0) {
+    if (requested >= count)
+      return lks_set_error(LKS_ERANGE, "--gpu %d, but %d device(s) are visible", requested,
+                           count);
+    return requested;
+  }
+  const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"};
+  int local = 0;
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i]);
+    if (v && *v) {
+      local = atoi(v);
+      break;
+    }
+  }
+  return (local < 0 ? 0 : local) % count;
+}
+
+static char *dp(lks_tensor t) { return (char *)t.buf->d + t.offset; }
+
+static int need(cuda_backend *c, int slot, size_t bytes, void **p) {
+  dscratch *s = &c->sc[slot];
+  if (s->bytes < bytes) {
+    size_t nb = bytes + bytes / 2;
+    void *np = NULL;
+    // Work still queued may read the old buffer.
+    LKS_CUDA_TRY(cudaStreamSynchronize(c->st));
+    if (s->p) LKS_CUDA_TRY(cudaFree(s->p));
+    s->p = NULL;
+    s->bytes = 0;
+    LKS_CUDA_TRY(cudaMalloc(&np, nb));
+    s->p = np;
+    s->bytes = nb;
+  }
+  *p = s->p;
+  return 0;
+}
+
+// Copies a host array into a scratch buffer (in stream order); the host array may be reused as
+// soon as this returns (pageable copies are staged by the driver).
+static int up(cuda_backend *c, int slot, const void *host, size_t bytes, void **dev) {
+  LKS_TRY(need(c, slot, bytes ? bytes : 4, dev));
+  if (bytes) LKS_CUDA_TRY(cudaMemcpyAsync(*dev, host, bytes, cudaMemcpyHostToDevice, c->st));
+  return 0;
+}
+
+static int down(cuda_backend *c, void *host, const void *dev, size_t bytes) {
+  if (bytes) LKS_CUDA_TRY(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, c->st));
+  LKS_CUDA_TRY(cudaStreamSynchronize(c->st));
+  return 0;
+}
+
+// ---- memory ----
+
+static lks_buf *new_buf(size_t bytes, bool owned) {
+  lks_buf *b = calloc(1, sizeof *b);
+  if (!b) {
+    lks_set_error(LKS_ENOMEM, "cuda backend: out of host memory");
+    return NULL;
+  }
+  cudaError_t e = cudaMalloc(&b->d, bytes ? bytes : 1);
+  if (e != cudaSuccess) {
+    lks_set_error(LKS_ENOMEM, "cuda backend: cannot allocate %zu bytes of device memory: %s",
+                  bytes, cudaGetErrorString(e));
+    free(b);
+    return NULL;
+  }
+  b->bytes = bytes;
+  b->owned = owned;
+  return b;
+}
+
+static void cu_buf_free(lks_backend *be, lks_buf *b) {
+  (void)be;
+  if (!b) return;
+  cudaError_t e = cudaFree(b->d);
+  if (e != cudaSuccess) LKS_LOG(LKS_LOG_WARN, "cuda backend: cudaFree: %s", cudaGetErrorString(e));
+  free(b);
+}
+
+static lks_buf *fail_buf(lks_buf *b, const char *what, cudaError_t e) {
+  lks_set_error(LKS_EBACKEND, "cuda backend: %s: %s", what, cudaGetErrorString(e));
+  cu_buf_free(NULL, b);
+  return NULL;
+}
+
+static lks_buf *cu_buf_alloc(lks_backend *be, size_t bytes) {
+  cuda_backend *c = (cuda_backend *)be;
+  lks_buf *b = new_buf(bytes, true);
+  if (!b) return NULL;
+  // Zeroed, like the CPU backend's calloc.
+  cudaError_t e = cudaMemsetAsync(b->d, 0, bytes, c->st);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(c->st);
+  return e == cudaSuccess ? b : fail_buf(b, "cudaMemset", e);
+}
+
+static lks_buf *cu_buf_wrap_host(lks_backend *be, const void *host, size_t bytes) {
+  (void)be;
+  lks_buf *b = new_buf(bytes, false);
+  if (!b) return NULL;
+  cudaError_t e = cudaMemcpy(b->d, host, bytes, cudaMemcpyHostToDevice);
+  return e == cudaSuccess ? b : fail_buf(b, "weight upload", e);
+}
+
+static lks_buf *cu_buf_wrap_host_2d(lks_backend *be, const void *host, int64_t rows,
+                                    size_t row_bytes, size_t stride_bytes, size_t *ld_bytes) {
+  (void)be;
+  *ld_bytes = row_bytes;
+  lks_buf *b = new_buf((size_t)(rows > 0 ? rows : 0) * row_bytes, false);
+  if (!b) return NULL;
+  cudaError_t e = cudaSuccess;
+  if (rows > 0 && row_bytes > 0)
+    e = cudaMemcpy2D(b->d, row_bytes, host, stride_bytes, row_bytes, (size_t)rows,
+                     cudaMemcpyHostToDevice);
+  return e == cudaSuccess ? b : fail_buf(b, "weight upload (2-D)", e);
+}
+
+static void *cu_buf_ptr(lks_backend *be, lks_buf *b) {
+  (void)be;
+  return b->d;
+}
+
+static int cu_to_host(lks_backend *be, void *dst, const lks_buf *src, size_t off, size_t n) {
+  cuda_backend *c = (cuda_backend *)be;
+  if (off > src->bytes || n > src->bytes - off)
+    return lks_set_error(LKS_ERANGE, "to_host: range [%zu, +%zu) outside a %zu-byte buffer", off,
+                         n, src->bytes);
+  return down(c, dst, (const char *)src->d + off, n);
+}
+
+static int cu_from_host(lks_backend *be, lks_buf *dst, size_t off, const void *src, size_t n) {
+  cuda_backend *c = (cuda_backend *)be;
+  if (!dst->owned || off > dst->bytes || n > dst->bytes - off)
+    return lks_set_error(LKS_ERANGE, "from_host: range [%zu, +%zu) outside a writable buffer",
+                         off, n);
+  if (n) LKS_CUDA_TRY(cudaMemcpyAsync((char *)dst->d + off, src, n, cudaMemcpyHostToDevice, c->st));
+  LKS_CUDA_TRY(cudaStreamSynchronize(c->st));
+  return 0;
+}
+
+// ---- element-wise ops ----
+
+static int cu_zero(lks_backend *be, lks_tensor t) {
+  cuda_backend *c = (cuda_backend *)be;
+  if (t.rows <= 0 || t.cols <= 0) return 0;
+  LKS_CUDA_TRY(cudaMemset2DAsync(dp(t), (size_t)t.ld * sizeof(float), 0,
+                                 (size_t)t.cols * sizeof(float), (size_t)t.rows, c->st));
+  return 0;
+}
+
+static int cu_embed(lks_backend *be, lks_tensor out, lks_tensor table, const int32_t *ids) {
+  cuda_backend *c = (cuda_backend *)be;
+  for (int64_t i = 0; i < out.rows; i++)
+    if (ids[i] < 0 || ids[i] >= table.rows)
+      return lks_set_error(LKS_ERANGE, "token id %d outside the vocabulary [0, %lld)", ids[i],
+                           (long long)table.rows);
+  void *d_ids;
+  LKS_TRY(up(c, SC_IDX0, ids, (size_t)out.rows * sizeof *ids, &d_ids));
+  LKS_CUDA_TRY(lks__cu_embed(c->st, (float *)dp(out), out.ld, dp(table), table.dtype, table.ld,
+                             d_ids, out.rows, table.cols));
+  return 0;
+}
+
+static int cu_rmsnorm(lks_backend *be, lks_tensor out, lks_tensor x, lks_tensor w, float eps) {
+  cuda_backend *c = (cuda_backend *)be;
+  LKS_CUDA_TRY(lks__cu_rmsnorm(c->st, (float *)dp(out), out.ld, (const float *)dp(x), x.ld,
+                               dp(w), w.dtype, x.rows, x.cols, eps));
+  return 0;
+}
+
+static int cu_rope(lks_backend *be, lks_tensor x, int head_dim, int rot, float theta,
+                   lks_rope_layout layout, const int32_t *pos) {
+  cuda_backend *c = (cuda_backend *)be;
+  void *d_pos;
+  LKS_TRY(up(c, SC_IDX0, pos, (size_t)x.rows * sizeof *pos, &d_pos));
+  LKS_CUDA_TRY(lks__cu_rope(c->st, (float *)dp(x), x.ld, x.rows, (int)(x.cols / head_dim),
+                            head_dim, rot, theta, layout == LKS_ROPE_INTERLEAVED, d_pos));
+  return 0;
+}
+
+static int cu_gather_rows(lks_backend *be, lks_tensor out, lks_tensor x, const int32_t *rows) {
+  cuda_backend *c = (cuda_backend *)be;
+  for (int64_t i = 0; i < out.rows; i++)
+    if (rows[i] < 0 || rows[i] >= x.rows)
+      return lks_set_error(LKS_ERANGE, "gather_rows: row %d outside [0, %lld)", rows[i],
+                           (long long)x.rows);
+  void *d_rows;
+  LKS_TRY(up(c, SC_IDX0, rows, (size_t)out.rows * sizeof *rows, &d_rows));
+  LKS_CUDA_TRY(lks__cu_gather_rows(c->st, (float *)dp(out), out.ld, (const float *)dp(x), x.ld,
+                                   d_rows, out.rows, x.cols));
+  return 0;
+}
+
+static int cu_argmax(lks_backend *be, lks_tensor x, int32_t *idx, float *val) {
+  cuda_backend *c = (cuda_backend *)be;
+  if (x.rows <= 0) return 0;
+  size_t n = (size_t)x.rows;
+  void *d;
+  LKS_TRY(need(c, SC_OUT, n * 8, &d));
+  int32_t *d_idx = d;
+  float *d_val = (float *)((char *)d + n * 4);
+  LKS_CUDA_TRY(lks__cu_argmax(c->st, (const float *)dp(x), x.ld, x.rows, x.cols, d_idx, d_val));
+  LKS_CUDA_TRY(cudaMemcpyAsync(idx, d_idx, n * 4, cudaMemcpyDeviceToHost, c->st));
+  if (val) LKS_CUDA_TRY(cudaMemcpyAsync(val, d_val, n * 4, cudaMemcpyDeviceToHost, c->st));
+  LKS_CUDA_TRY(cudaStreamSynchronize(c->st));
+  return 0;
+}
+
+// ---- matrix products ----
+
+static int mm_check(lks_tensor w, int64_t K) {
+  if (w.cols != K)
+    return lks_set_error(LKS_ESHAPE, "matmul: weight has %lld columns, input has %lld",
+                         (long long)w.cols, (long long)K);
+  if (w.dtype != LKS_F32 && w.dtype != LKS_BF16 && w.dtype != LKS_F16)
+    return lks_set_error(LKS_EUNSUPPORTED, "matmul: weights of type %s", lks_dtype_name(w.dtype));
+  return 0;
+}
+
+// out [n, M] (row stride ldo) (+)= x [n, K] (row stride ldx) w^T + bias. Row-major products
+// are column-major ones transposed: out^T = W x^T, with W [M, K] read as the transpose of a
+// column-major [K, M] matrix of leading dimension w.ld.
+static int mm(cuda_backend *c, float *out, int64_t ldo, const float *x, int64_t ldx, int64_t n,
+              lks_tensor w, const void *bias, lks_dtype bdt, bool accumulate) {
+  int64_t M = w.rows, K = w.cols;
+  if (n <= 0 || M <= 0) return 0;
+  if (n <= LKS__CU_GEMV_ROWS) {
+    LKS_CUDA_TRY(lks__cu_gemv(c->st, out, ldo, x, ldx, dp(w), w.dtype, w.ld, bias, bdt, n, M, K,
+                              accumulate));
+    return 0;
+  }
+  if (M > INT_MAX || n > INT_MAX || K > INT_MAX || ldo > INT_MAX || ldx > INT_MAX ||
+      w.ld > INT_MAX)
+    return lks_set_error(LKS_ERANGE, "matmul: dimensions beyond cuBLAS's int range");
+  float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  if (K == 0) {
+    if (!accumulate) {
+      LKS_CUDA_TRY(cudaMemset2DAsync(out, (size_t)ldo * 4, 0, (size_t)M * 4, (size_t)n, c->st));
+    }
+  } else if (w.dtype == LKS_BF16) {
+    void *xb;
+    LKS_TRY(need(c, SC_CONV, (size_t)n * (size_t)K * 2, &xb));
+    LKS_CUDA_TRY(lks__cu_convert(c->st, xb, LKS_BF16, K, x, LKS_F32, ldx, n, K));
+    LKS_CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)M, (int)n, (int)K, &one,
+                                dp(w), CUDA_R_16BF, (int)w.ld, xb, CUDA_R_16BF, (int)K, &beta, out,
+                                CUDA_R_32F, (int)ldo, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  } else {
+    const float *wf = (const float *)dp(w);
+    int64_t ldw = w.ld;
+    if (w.dtype == LKS_F16) {
+      void *wide;
+      LKS_TRY(need(c, SC_CONV, (size_t)M * (size_t)K * 4, &wide));
+      LKS_CUDA_TRY(lks__cu_convert(c->st, wide, LKS_F32, K, dp(w), LKS_F16, w.ld, M, K));
+      wf = wide;
+      ldw = K;
+    }
+    LKS_CUBLAS_TRY(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)M, (int)n, (int)K, &one,
+                               wf, (int)ldw, x, (int)ldx, &beta, out, (int)ldo));
+  }
+  if (bias) LKS_CUDA_TRY(lks__cu_add_bias(c->st, out, ldo, bias, bdt, n, M));
+  return 0;
+}
+
+static int cu_matmul(lks_backend *be, lks_tensor out, lks_tensor x, lks_tensor w,
+                     lks_tensor bias, bool accumulate) {
+  cuda_backend *c = (cuda_backend *)be;
+  LKS_TRY(mm_check(w, x.cols));
+  if (out.rows != x.rows || out.cols != w.rows)
+    return lks_set_error(LKS_ESHAPE, "matmul: output [%lld, %lld], expected [%lld, %lld]",
+                         (long long)out.rows, (long long)out.cols, (long long)x.rows,
+                         (long long)w.rows);
+  return mm(c, (float *)dp(out), out.ld, (const float *)dp(x), x.ld, x.rows, w,
+            bias.buf ? dp(bias) : NULL, bias.dtype, accumulate);
+}
+
+// ---- attention ----
+
+static int check_rows(const lks_kv_layer *kv, const lks_attn_rows *rows) {
+  for (int i = 0; i < rows->n; i++) {
+    int64_t cap = (int64_t)kv->n_blocks * kv->block_size;
+    if (rows->slot[i] < 0 || rows->slot[i] >= cap || rows->pos[i] < 0 ||
+        rows->pos[i] >= (int64_t)rows->max_blocks * kv->block_size)
+      return lks_set_error(LKS_ERANGE, "attention: row %d has slot %d / position %d outside the cache",
+                           i, rows->slot[i], rows->pos[i]);
+  }
+  return 0;
+}
+
+static int cu_kv_store(lks_backend *be, const lks_kv_layer *kv, lks_tensor k, lks_tensor v,
+                       const lks_attn_rows *rows) {
+  cuda_backend *c = (cuda_backend *)be;
+  LKS_TRY(check_rows(kv, rows));
+  if (rows->n <= 0) return 0;
+  void *d_slot;
+  LKS_TRY(up(c, SC_IDX0, rows->slot, (size_t)rows->n * sizeof(int32_t), &d_slot));
+  LKS_CUDA_TRY(lks__cu_kv_store(c->st, kv->k->d, kv->v->d, (int64_t)kv->n_kv_heads * kv->head_dim,
+                                (const float *)dp(k), k.ld, (const float *)dp(v), v.ld, d_slot,
+                                rows->n));
+  return 0;
+}
+
+static int cu_attention(lks_backend *be, lks_tensor out, lks_tensor q, const lks_kv_layer *kv,
+                        const lks_attn_rows *rows, int n_heads, float scale) {
+  cuda_backend *c = (cuda_backend *)be;
+  LKS_TRY(check_rows(kv, rows));
+  if (rows->n <= 0) return 0;
+  if (n_heads % kv->n_kv_heads != 0)
+    return lks_set_error(LKS_ESHAPE, "attention: %d query heads over %d KV heads", n_heads,
+                         kv->n_kv_heads);
+  // A bad block id would fault the kernel (and the context with it): check it here.
+  int n_seqs = 0;
+  for (int i = 0; i < rows->n; i++) {
+    if (rows->seq[i] < 0) return lks_set_error(LKS_ERANGE, "attention: row %d has sequence %d", i, rows->seq[i]);
+    if (rows->seq[i] + 1 > n_seqs) n_seqs = rows->seq[i] + 1;
+    const int32_t *bt = rows->block_table + (size_t)rows->seq[i] * rows->max_blocks;
+    for (int b = 0; b <= rows->pos[i] / kv->block_size; b++)
+      if (bt[b] < 0 || bt[b] >= kv->n_blocks)
+        return lks_set_error(LKS_ERANGE, "attention: row %d reads block %d of %d", i, bt[b],
+                             kv->n_blocks);
+  }
+  void *d_seq, *d_pos, *d_bt;
+  LKS_TRY(up(c, SC_IDX0, rows->pos, (size_t)rows->n * sizeof(int32_t), &d_pos));
+  LKS_TRY(up(c, SC_IDX1, rows->seq, (size_t)rows->n * sizeof(int32_t), &d_seq));
+  LKS_TRY(up(c, SC_IDX2, rows->block_table, (size_t)n_seqs * rows->max_blocks * sizeof(int32_t),
+             &d_bt));
+  LKS_CUDA_TRY(lks__cu_attention(c->st, (float *)dp(out), out.ld, (const float *)dp(q), q.ld,
+                                 kv->k->d, kv->v->d, kv->n_kv_heads, kv->head_dim, n_heads,
+                                 kv->block_size, d_seq, d_pos, d_bt, rows->max_blocks, rows->n,
+                                 scale));
+  return 0;
+}
+
+// ---- MoE ----
+
+static int cu_route(lks_backend *be, lks_tensor logits, lks_tensor bias,
+                    const lks_route_params *p, int32_t *ids, float *weights) {
+  cuda_backend *c = (cuda_backend *)be;
+  int E = p->n_experts, n = (int)logits.rows;
+  if (E <= 0 || E > logits.cols || p->top_k <= 0 || p->top_k > E || p->n_group <= 0 ||
+      p->n_group > 256 || E % p->n_group != 0 ||
+      (p->n_group > 1 && (p->topk_group <= 0 || p->topk_group > p->n_group)))
+    return lks_set_error(LKS_EINVAL, "route: %d experts, top %d, %d groups (top %d)", E,
+                         p->top_k, p->n_group, p->topk_group);
+  if (n <= 0) return 0;
+  void *scratch, *out;
+  LKS_TRY(need(c, SC_ROUTE, ((size_t)n * 2 * E + (size_t)E) * sizeof(float), &scratch));
+  float *bias_f32 = NULL;
+  if (bias.buf) {
+    bias_f32 = (float *)scratch + (size_t)n * 2 * E;
+    LKS_CUDA_TRY(lks__cu_convert(c->st, bias_f32, LKS_F32, E, dp(bias), bias.dtype, bias.ld, 1, E));
+  }
+  size_t nk = (size_t)n * p->top_k;
+  LKS_TRY(need(c, SC_OUT, nk * 8, &out));
+  int32_t *d_ids = out;
+  float *d_w = (float *)((char *)out + nk * 4);
+  LKS_CUDA_TRY(lks__cu_route(c->st, (const float *)dp(logits), logits.ld, bias_f32, n, E,
+                             p->top_k, p->n_group, p->topk_group, p->norm_topk_prob, p->scaling,
+                             scratch, d_ids, d_w));
+  LKS_CUDA_TRY(cudaMemcpyAsync(ids, d_ids, nk * 4, cudaMemcpyDeviceToHost, c->st));
+  LKS_CUDA_TRY(cudaMemcpyAsync(weights, d_w, nk * 4, cudaMemcpyDeviceToHost, c->st));
+  LKS_CUDA_TRY(cudaStreamSynchronize(c->st));
+  return 0;
+}
+
+static int cu_expert(lks_backend *be, lks_tensor out, lks_tensor x, const int32_t *rows,
+                     const float *weights, int n, lks_tensor gate, lks_tensor up_w,
+                     lks_tensor down_w) {
+  cuda_backend *c = (cuda_backend *)be;
+  int64_t H = x.cols, I = gate.rows, O = out.cols;
+  LKS_TRY(mm_check(gate, H));
+  LKS_TRY(mm_check(up_w, H));
+  LKS_TRY(mm_check(down_w, I));
+  if (up_w.rows != I || down_w.rows != O)
+    return lks_set_error(LKS_ESHAPE, "expert: gate/up/down shapes disagree");
+  if (n <= 0) return 0;
+  const float *xin = (const float *)dp(x);
+  int64_t ldx = x.ld;
+  int32_t *d_rows = NULL;
+  if (rows) {
+    for (int i = 0; i < n; i++)
+      if (rows[i] < 0 || rows[i] >= x.rows || rows[i] >= out.rows)
+        return lks_set_error(LKS_ERANGE, "expert: row %d outside [0, %lld)", rows[i],
+                             (long long)x.rows);
+    void *r, *xg;
+    LKS_TRY(up(c, SC_IDX0, rows, (size_t)n * sizeof *rows, &r));
+    d_rows = r;
+    LKS_TRY(need(c, SC_XG, (size_t)n * H * sizeof(float), &xg));
+    LKS_CUDA_TRY(lks__cu_gather_rows(c->st, xg, H, xin, ldx, d_rows, n, H));
+    xin = xg;
+    ldx = H;
+  }
+  float *d_w = NULL;
+  if (weights) {
+    void *w;
+    LKS_TRY(up(c, SC_W, weights, (size_t)n * sizeof *weights, &w));
+    d_w = w;
+  }
+  void *gud;
+  LKS_TRY(need(c, SC_GUD, (size_t)n * (2 * I + O) * sizeof(float), &gud));
+  float *g = gud, *u = g + (size_t)n * I, *d = u + (size_t)n * I;
+  LKS_TRY(mm(c, g, I, xin, ldx, n, gate, NULL, LKS_F32, false));
+  LKS_TRY(mm(c, u, I, xin, ldx, n, up_w, NULL, LKS_F32, false));
+  LKS_CUDA_TRY(lks__cu_swiglu(c->st, g, u, (int64_t)n * I));
+  LKS_TRY(mm(c, d, O, g, I, n, down_w, NULL, LKS_F32, false));
+  LKS_CUDA_TRY(lks__cu_scatter_add(c->st, (float *)dp(out), out.ld, d, O, d_rows, d_w, n, O));
+  return 0;
+}
+
+// ---- lifetime ----
+
+static void cu_free(lks_backend *be) {
+  cuda_backend *c = (cuda_backend *)be;
+  if (!c) return;
+  if (c->st) cudaStreamSynchronize(c->st);
+  for (int i = 0; i < SC_N; i++)
+    if (c->sc[i].p) cudaFree(c->sc[i].p);
+  if (c->blas) cublasDestroy(c->blas);
+  if (c->st) cudaStreamDestroy(c->st);
+  free(c);
+}
+
+static const lks_backend_ops cuda_ops = {
+    .name = "cuda",
+    .free = cu_free,
+    .buf_alloc = cu_buf_alloc,
+    .buf_wrap_host = cu_buf_wrap_host,
+    .buf_wrap_host_2d = cu_buf_wrap_host_2d,
+    .buf_ptr = cu_buf_ptr,
+    .buf_free = cu_buf_free,
+    .zero = cu_zero,
+    .to_host = cu_to_host,
+    .from_host = cu_from_host,
+    .embed = cu_embed,
+    .rmsnorm = cu_rmsnorm,
+    .matmul = cu_matmul,
+    .rope = cu_rope,
+    .kv_store = cu_kv_store,
+    .attention = cu_attention,
+    .route = cu_route,
+    .expert = cu_expert,
+    .gather_rows = cu_gather_rows,
+    .argmax = cu_argmax,
+};
+
+static int init(cuda_backend *c, int device) {
+  LKS_CUDA_TRY(cudaSetDevice(device));
+  LKS_CUDA_TRY(cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking));
+  LKS_CUBLAS_TRY(cublasCreate(&c->blas));
+  LKS_CUBLAS_TRY(cublasSetStream(c->blas, c->st));
+  LKS_CUBLAS_TRY(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
+  struct cudaDeviceProp prop;
+  LKS_CUDA_TRY(cudaGetDeviceProperties(&prop, device));
+  LKS_LOG(LKS_LOG_INFO, "cuda backend: device %d, %s (sm_%d%d, %.1f GiB)", device, prop.name,
+          prop.major, prop.minor, (double)prop.totalGlobalMem / (1024.0 * 1024 * 1024));
+  return 0;
+}
+
+lks_backend *lks__backend_cuda_new(int device) {
+  int dev = lks__cuda_pick_device(device);
+  if (dev < 0) return NULL;
+  cuda_backend *c = calloc(1, sizeof *c);
+  if (!c) {
+    lks_set_error(LKS_ENOMEM, "cuda backend: out of memory");
+    return NULL;
+  }
+  c->base.ops = &cuda_ops;
+  c->device = dev;
+  if (init(c, dev) < 0) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", lks_last_error());
+    cu_free(&c->base);
+    lks_set_error(LKS_EBACKEND, "%s", msg);
+    return NULL;
+  }
+  return &c->base;
+}

@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: MIT
+// Internals of the CUDA backend and the NCCL collectives (cuda/): the error macros, the device
+// choice, and the launchers of the kernels in kernels.cu. Every launcher enqueues on `st` and
+// returns cudaGetLastError(); pointers are device memory, leading dimensions are in elements,
+// dtypes are lks_dtype values. Nothing here synchronises.
+#ifndef LKS_CUDA_IMPL_H
+#define LKS_CUDA_IMPL_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Turns a failed CUDA runtime call into LKS_EBACKEND with CUDA's own message.
+#define LKS_CUDA_TRY(expr)                                                                \
+  do {                                                                                    \
+    cudaError_t lks__ce = (expr);                                                         \
+    if (lks__ce != cudaSuccess)                                                           \
+      return lks_set_error(LKS_EBACKEND, "cuda: %s: %s (%s:%d)", #expr,                   \
+                           cudaGetErrorString(lks__ce), __FILE__, __LINE__);              \
+  } while (0)
+
+// The GPU a process uses: `requested` when >= 0 (checked against the visible devices), else its
+// local rank (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID, MPI_LOCALRANKID; 0 when none) modulo
+// the visible devices. Negative LKS_EBACKEND when there is no usable device.
+int lks__cuda_pick_device(int requested);
+
+// Activation rows up to which matmul runs the warp-per-output-row kernel (decode); above, cuBLAS.
+enum { LKS__CU_GEMV_ROWS = 8 };
+
+cudaError_t lks__cu_embed(cudaStream_t st, float *out, int64_t ldo, const void *table, int dt,
+                          int64_t ldt, const int32_t *ids, int64_t n, int64_t H);
+cudaError_t lks__cu_rmsnorm(cudaStream_t st, float *out, int64_t ldo, const float *x, int64_t ldx,
+                            const void *w, int wdt, int64_t n, int64_t H, float eps);
+// out[t, m] (+)= sum_k x[t, k] w[m, k] + bias[m], n <= LKS__CU_GEMV_ROWS; bias may be NULL.
+cudaError_t lks__cu_gemv(cudaStream_t st, float *out, int64_t ldo, const float *x, int64_t ldx,
+                         const void *w, int wdt, int64_t ldw, const void *bias, int bdt,
+                         int64_t n, int64_t M, int64_t K, int accumulate);
+// dst[r, c] = src[r, c] converted (src F32/BF16/F16; dst F32 or BF16).
+cudaError_t lks__cu_convert(cudaStream_t st, void *dst, int ddt, int64_t ldd, const void *src,
+                            int sdt, int64_t lds, int64_t rows, int64_t cols);
+cudaError_t lks__cu_add_bias(cudaStream_t st, float *out, int64_t ldo, const void *bias, int bdt,
+                             int64_t n, int64_t M);
+cudaError_t lks__cu_rope(cudaStream_t st, float *x, int64_t ldx, int64_t n, int heads,
+                         int head_dim, int rot, float theta, int interleaved, const int32_t *pos);
+cudaError_t lks__cu_kv_store(cudaStream_t st, float *K, float *V, int64_t width, const float *k,
+                             int64_t ldk, const float *v, int64_t ldv, const int32_t *slot,
+                             int64_t n);
+cudaError_t lks__cu_attention(cudaStream_t st, float *out, int64_t ldo, const float *q,
+                              int64_t ldq, const float *K, const float *V, int n_kv_heads,
+                              int head_dim, int n_heads, int block_size, const int32_t *seq,
+                              const int32_t *pos, const int32_t *block_table, int max_blocks,
+                              int n, float scale);
+// scratch: [n, 2 E] floats; bias [E] f32 or NULL; ids, w: [n, top_k].
+cudaError_t lks__cu_route(cudaStream_t st, const float *logits, int64_t ld, const float *bias,
+                          int n, int E, int top_k, int n_group, int topk_group, int norm,
+                          float scaling, float *scratch, int32_t *ids, float *w);
+// g = silu(g) * u over `count` contiguous elements.
+cudaError_t lks__cu_swiglu(cudaStream_t st, float *g, const float *u, int64_t count);
+// out[rows[i]] += w[i] * d[i] for i in order (rows NULL: i; w NULL: 1).
+cudaError_t lks__cu_scatter_add(cudaStream_t st, float *out, int64_t ldo, const float *d,
+                                int64_t ldd, const int32_t *rows, const float *w, int n,
+                                int64_t cols);
+cudaError_t lks__cu_gather_rows(cudaStream_t st, float *out, int64_t ldo, const float *x,
+                                int64_t ldx, const int32_t *rows, int64_t n, int64_t cols);
+// Per row: the index of the maximum (ties: the lowest index) and the maximum.
+cudaError_t lks__cu_argmax(cudaStream_t st, const float *x, int64_t ldx, int64_t n, int64_t V,
+                           int32_t *idx, float *val);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,521 @@
+// SPDX-License-Identifier: MIT
+// The kernels of the CUDA backend and their launchers (see cuda_impl.h). They follow the CPU
+// reference (core/backend_cpu.c) op for op: f32 activations and accumulation everywhere, weights
+// widened exactly from BF16/F16 to f32 before the multiply, ties of arg-max and routing to the
+// lowest index. Strided views arrive as (pointer, leading dimension in elements).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "core/dtype.h"
+#include "cuda/cuda_impl.h"
+
+namespace {
+
+__device__ __forceinline__ float bf16f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+__device__ __forceinline__ float f16f(uint16_t h) {
+  __half_raw r;
+  r.x = h;
+  return __half2float(__half(r));
+}
+
+// Element i of a row of dtype dt, as f32.
+__device__ __forceinline__ float load(const void *p, int dt, int64_t i) {
+  if (dt == LKS_F32) return ((const float *)p)[i];
+  if (dt == LKS_BF16) return bf16f(((const uint16_t *)p)[i]);
+  return f16f(((const uint16_t *)p)[i]);
+}
+
+__device__ __forceinline__ size_t esize(int dt) { return dt == LKS_F32 ? 4 : 2; }
+
+__device__ __forceinline__ const void *row_of(const void *p, int dt, int64_t r, int64_t ld) {
+  return (const char *)p + (size_t)(r * ld) * esize(dt);
+}
+
+// Round to nearest even, like lks_f32_to_bf16.
+__device__ __forceinline__ uint16_t to_bf16(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Block-wide reductions; every thread gets the result. red: 32 floats of shared memory.
+__device__ float block_sum(float v, float *red) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = lane < nw ? red[lane] : 0.0f;
+  return warp_sum(t);
+}
+
+__device__ float block_max(float v, float *red) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = lane < nw ? red[lane] : -INFINITY;
+  return warp_max(t);
+}
+
+unsigned blocks_for(int64_t n, int per) {
+  int64_t b = (n + per - 1) / per;
+  if (b > 65535 * 32) b = 65535 * 32;
+  return (unsigned)(b > 0 ? b : 1);
+}
+
+// ---- element-wise ----
+
+__global__ void embed_k(float *out, int64_t ldo, const void *table, int dt, int64_t ldt,
+                        const int32_t *ids, int64_t H) {
+  int64_t r = blockIdx.x;
+  const void *src = row_of(table, dt, ids[r], ldt);
+  for (int64_t i = threadIdx.x; i < H; i += blockDim.x) out[r * ldo + i] = load(src, dt, i);
+}
+
+__global__ void rmsnorm_k(float *out, int64_t ldo, const float *x, int64_t ldx, const void *w,
+                          int wdt, int64_t H, float eps) {
+  __shared__ float red[32];
+  const float *xr = x + blockIdx.x * ldx;
+  float *o = out + blockIdx.x * ldo;
+  float ss = 0;
+  for (int64_t i = threadIdx.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = block_sum(ss, red);
+  float inv = (float)(1.0 / sqrt((double)ss / (double)H + eps));
+  // Each thread reads and writes only its own elements: out may be x.
+  for (int64_t i = threadIdx.x; i < H; i += blockDim.x) o[i] = load(w, wdt, i) * (xr[i] * inv);
+}
+
+__global__ void convert_k(void *dst, int ddt, int64_t ldd, const void *src, int sdt, int64_t lds,
+                          int64_t rows, int64_t cols) {
+  int64_t total = rows * cols;
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
+       e += (int64_t)gridDim.x * blockDim.x) {
+    int64_t r = e / cols, c = e % cols;
+    float v = load(row_of(src, sdt, r, lds), sdt, c);
+    if (ddt == LKS_F32)
+      ((float *)dst)[r * ldd + c] = v;
+    else
+      ((uint16_t *)dst)[r * ldd + c] = to_bf16(v);
+  }
+}
+
+__global__ void add_bias_k(float *out, int64_t ldo, const void *bias, int bdt, int64_t n,
+                           int64_t M) {
+  int64_t total = n * M;
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
+       e += (int64_t)gridDim.x * blockDim.x)
+    out[(e / M) * ldo + e % M] += load(bias, bdt, e % M);
+}
+
+// One thread per (row, rotated pair); the angle in double, as the CPU computes it.
+__global__ void rope_k(float *x, int64_t ldx, int64_t n, int heads, int head_dim, int rot,
+                       float theta, int interleaved, const int32_t *pos) {
+  int half = rot / 2;
+  int64_t total = n * half;
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
+       e += (int64_t)gridDim.x * blockDim.x) {
+    int64_t r = e / half;
+    int j = (int)(e % half);
+    double freq = pow((double)theta, -2.0 * j / rot);
+    double ang = (double)pos[r] * freq;
+    float cs = (float)cos(ang), sn = (float)sin(ang);
+    int a = interleaved ? 2 * j : j, b = interleaved ? 2 * j + 1 : j + half;
+    for (int h = 0; h < heads; h++) {
+      float *v = x + r * ldx + (int64_t)h * head_dim;
+      float x0 = v[a], x1 = v[b];
+      v[a] = x0 * cs - x1 * sn;
+      v[b] = x1 * cs + x0 * sn;
+    }
+  }
+}
+
+__global__ void kv_store_k(float *K, float *V, int64_t width, const float *k, int64_t ldk,
+                           const float *v, int64_t ldv, const int32_t *slot) {
+  int64_t r = blockIdx.x, s = slot[r];
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
+    K[s * width + i] = k[r * ldk + i];
+    V[s * width + i] = v[r * ldv + i];
+  }
+}
+
+__global__ void swiglu_k(float *g, const float *u, int64_t count) {
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < count;
+       e += (int64_t)gridDim.x * blockDim.x)
+    g[e] = g[e] / (1.0f + expf(-g[e])) * u[e];
+}
+
+// One thread per column walks the rows in order: repeated rows add up as on the CPU.
+__global__ void scatter_add_k(float *out, int64_t ldo, const float *d, int64_t ldd,
+                              const int32_t *rows, const float *w, int n, int64_t cols) {
+  for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < cols;
+       c += (int64_t)gridDim.x * blockDim.x)
+    for (int i = 0; i < n; i++) {
+      int64_t r = rows ? rows[i] : i;
+      float wi = w ? w[i] : 1.0f;
+      out[r * ldo + c] += wi * d[(int64_t)i * ldd + c];
+    }
+}
+
+__global__ void gather_rows_k(float *out, int64_t ldo, const float *x, int64_t ldx,
+                              const int32_t *rows, int64_t cols) {
+  int64_t r = blockIdx.x, s = rows[r];
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) out[r * ldo + i] = x[s * ldx + i];
+}
+
+// ---- matrix-vector products (decode) ----
+
+// One warp per weight row m, for every activation row at once: the weight row is read once per
+// call whatever n is (n <= LKS__CU_GEMV_ROWS). f32 accumulation; the BF16 path loads 8 weights
+// (16 bytes) per lane per step when rows and activations are 16-byte aligned.
+template <int DT, bool VEC>
+__global__ void gemv_k(float *out, int64_t ldo, const float *x, int64_t ldx, const void *w,
+                       int64_t ldw, const void *bias, int bdt, int n, int64_t M, int64_t K,
+                       int accumulate) {
+  int lane = threadIdx.x & 31;
+  int64_t m = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (m >= M) return;
+  float acc[LKS__CU_GEMV_ROWS];
+#pragma unroll
+  for (int t = 0; t < LKS__CU_GEMV_ROWS; t++) acc[t] = 0.0f;
+  if (VEC) {
+    const uint4 *wr = (const uint4 *)((const uint16_t *)w + m * ldw);
+    for (int64_t k8 = lane; k8 < K / 8; k8 += 32) {
+      uint4 q = __ldg(wr + k8);
+      float wf[8] = {__uint_as_float(q.x << 16), __uint_as_float(q.x & 0xffff0000u),
+                     __uint_as_float(q.y << 16), __uint_as_float(q.y & 0xffff0000u),
+                     __uint_as_float(q.z << 16), __uint_as_float(q.z & 0xffff0000u),
+                     __uint_as_float(q.w << 16), __uint_as_float(q.w & 0xffff0000u)};
+#pragma unroll
+      for (int t = 0; t < LKS__CU_GEMV_ROWS; t++) {
+        if (t >= n) break;
+        const float4 *xr = (const float4 *)(x + t * ldx + k8 * 8);
+        float4 a = __ldg(xr), b = __ldg(xr + 1);
+        acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x +
+                  wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+      }
+    }
+  } else {
+    const void *wr = row_of(w, DT, m, ldw);
+    for (int64_t k = lane; k < K; k += 32) {
+      float wk = load(wr, DT, k);
+#pragma unroll
+      for (int t = 0; t < LKS__CU_GEMV_ROWS; t++) {
+        if (t >= n) break;
+        acc[t] += wk * __ldg(x + t * ldx + k);
+      }
+    }
+  }
+  float b = bias ? load(bias, bdt, m) : 0.0f;
+#pragma unroll
+  for (int t = 0; t < LKS__CU_GEMV_ROWS; t++) {
+    if (t >= n) break;
+    float d = warp_sum(acc[t]);
+    if (lane == 0) {
+      float *o = out + t * ldo + m;
+      *o = accumulate ? *o + d + b : d + b;
+    }
+  }
+}
+
+// ---- attention over the paged cache ----
+
+enum { ATT_THREADS = 128, ATT_CHUNK = 256 };
+
+// One block per (row, query head). Scores of ATT_CHUNK positions at a time go to shared memory
+// (a warp per position); an online softmax carries the running maximum and sum across chunks,
+// so any context length fits. Each thread owns the output dimensions d = tid, tid + 128, ...
+__global__ void attention_k(float *out, int64_t ldo, const float *q, int64_t ldq, const float *K,
+                            const float *V, int n_kv_heads, int hd, int n_heads, int bs,
+                            const int32_t *seq, const int32_t *pos, const int32_t *bt,
+                            int max_blocks, float scale) {
+  extern __shared__ float sm[];
+  float *qs = sm, *acc = qs + hd, *s = acc + hd, *red = s + ATT_CHUNK;
+  int *slots = (int *)(red + 32);
+  int row = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
+  int kvh = h / (n_heads / n_kv_heads);
+  int64_t kv_ld = (int64_t)n_kv_heads * hd;
+  int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+  for (int d = tid; d < hd; d += blockDim.x) {
+    qs[d] = q[row * ldq + (int64_t)h * hd + d];
+    acc[d] = 0.0f;
+  }
+  const int32_t *table = bt + (int64_t)seq[row] * max_blocks;
+  int n_pos = pos[row] + 1;
+  float m = -INFINITY, l = 0.0f;
+  __syncthreads();
+  for (int c0 = 0; c0 < n_pos; c0 += ATT_CHUNK) {
+    int cn = min(ATT_CHUNK, n_pos - c0);
+    for (int p = tid; p < cn; p += blockDim.x) {
+      int pp = c0 + p;
+      slots[p] = table[pp / bs] * bs + pp % bs;
+    }
+    __syncthreads();
+    for (int p = warp; p < cn; p += nw) {
+      const float *kr = K + (int64_t)slots[p] * kv_ld + (int64_t)kvh * hd;
+      float d = 0.0f;
+      for (int i = lane; i < hd; i += 32) d += kr[i] * qs[i];
+      d = warp_sum(d);
+      if (lane == 0) s[p] = d * scale;
+    }
+    __syncthreads();
+    float cm = -INFINITY;
+    for (int p = tid; p < cn; p += blockDim.x) cm = fmaxf(cm, s[p]);
+    cm = block_max(cm, red);
+    float mn = fmaxf(m, cm);
+    float alpha = m == -INFINITY ? 0.0f : expf(m - mn);
+    float ls = 0.0f;
+    for (int p = tid; p < cn; p += blockDim.x) {
+      float e = expf(s[p] - mn);
+      s[p] = e;
+      ls += e;
+    }
+    ls = block_sum(ls, red);  // its barriers also publish s[]
+    l = l * alpha + ls;
+    m = mn;
+    for (int d = tid; d < hd; d += blockDim.x) {
+      float a = acc[d] * alpha;
+      const float *vb = V + (int64_t)kvh * hd + d;
+      for (int p = 0; p < cn; p++) a += s[p] * vb[(int64_t)slots[p] * kv_ld];
+      acc[d] = a;
+    }
+    __syncthreads();  // s[] and slots[] are rewritten by the next chunk
+  }
+  for (int d = tid; d < hd; d += blockDim.x) out[row * ldo + (int64_t)h * hd + d] = acc[d] / l;
+}
+
+// ---- router ----
+
+// One thread per row runs the CPU algorithm as written: sigmoid scores, selection scores with
+// the correction bias, groups by the sum of their two best, top-k by repeated arg-max with ties
+// to the lower id, weights from the plain scores, normalisation, scaling.
+__global__ void route_k(const float *logits, int64_t ld, const float *bias, int n, int E,
+                        int top_k, int n_group, int topk_group, int norm, float scaling,
+                        float *scratch, int32_t *ids, float *weights) {
+  int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= n) return;
+  float *s = scratch + (int64_t)r * 2 * E, *sel = s + E;
+  const float *l = logits + (int64_t)r * ld;
+  for (int e = 0; e < E; e++) {
+    s[e] = 1.0f / (1.0f + expf(-l[e]));
+    sel[e] = s[e] + (bias ? bias[e] : 0.0f);
+  }
+  int per_group = E / n_group;
+  if (n_group > 1) {
+    float gscore[256];
+    bool keep[256];
+    for (int g = 0; g < n_group; g++) {
+      keep[g] = false;
+      float a = -INFINITY, b = -INFINITY;
+      for (int e = g * per_group; e < (g + 1) * per_group; e++) {
+        if (sel[e] > a) {
+          b = a;
+          a = sel[e];
+        } else if (sel[e] > b) {
+          b = sel[e];
+        }
+      }
+      gscore[g] = per_group > 1 ? a + b : a;
+    }
+    for (int k = 0; k < topk_group; k++) {
+      int best = -1;
+      for (int g = 0; g < n_group; g++)
+        if (!keep[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
+      keep[best] = true;
+    }
+    for (int e = 0; e < E; e++)
+      if (!keep[e / per_group]) sel[e] = -INFINITY;
+  }
+  int32_t *id = ids + (int64_t)r * top_k;
+  float *w = weights + (int64_t)r * top_k;
+  float sum = 0.0f;
+  for (int k = 0; k < top_k; k++) {
+    int best = -1;
+    for (int e = 0; e < E; e++) {
+      bool taken = false;
+      for (int q = 0; q < k; q++) taken |= id[q] == e;
+      if (!taken && (best < 0 || sel[e] > sel[best])) best = e;
+    }
+    id[k] = best;
+    w[k] = s[best];
+    sum += w[k];
+  }
+  for (int k = 0; k < top_k; k++) {
+    if (norm) w[k] /= sum + 1e-20f;
+    w[k] *= scaling;
+  }
+}
+
+// ---- arg-max ----
+
+__device__ __forceinline__ void better(float &bv, int &bi, float v, int i) {
+  if (i >= 0 && (bi < 0 || v > bv || (v == bv && i < bi))) {
+    bv = v;
+    bi = i;
+  }
+}
+
+__global__ void argmax_k(const float *x, int64_t ldx, int64_t V, int32_t *idx, float *val) {
+  __shared__ float rv[32];
+  __shared__ int ri[32];
+  const float *xr = x + blockIdx.x * ldx;
+  float bv = -INFINITY;
+  int bi = -1;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) better(bv, bi, xr[i], (int)i);
+  for (int o = 16; o > 0; o >>= 1) {
+    float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    better(bv, bi, ov, oi);
+  }
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    rv[warp] = bv;
+    ri[warp] = bi;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < (int)(blockDim.x >> 5); w++) better(bv, bi, rv[w], ri[w]);
+    idx[blockIdx.x] = bi < 0 ? 0 : bi;
+    val[blockIdx.x] = bi < 0 ? xr[0] : bv;
+  }
+}
+
+}  // namespace
+
+// ---- launchers ----
+
+extern "C" {
+
+cudaError_t lks__cu_embed(cudaStream_t st, float *out, int64_t ldo, const void *table, int dt,
+                          int64_t ldt, const int32_t *ids, int64_t n, int64_t H) {
+  if (n > 0) embed_k<<<(unsigned)n, 256, 0, st>>>(out, ldo, table, dt, ldt, ids, H);
+  return cudaGetLastError();
+}
+
+cudaError_t lks__cu_rmsnorm(cudaStream_t st, float *out, int64_t ldo, const float *x, int64_t ldx,
+                            const void *w, int wdt, int64_t n, int64_t H, float eps) {
+  if (n > 0) rmsnorm_k<<<(unsigned)n, 256, 0, st>>>(out, ldo, x, ldx, w, wdt, H, eps);
+  return cudaGetLastError();
+}
+
+cudaError_t lks__cu_gemv(cudaStream_t st, float *out, int64_t ldo, const float *x, int64_t ldx,
+                         const void *w, int wdt, int64_t ldw, const void *bias, int bdt,
+                         int64_t n, int64_t M, int64_t K, int accumulate) {
+  if (n <= 0 || M <= 0) return cudaGetLastError();
+  const int warps = 8;
+  unsigned grid = (unsigned)((M + warps - 1) / warps);
+  bool vec = wdt == LKS_BF16 && K % 8 == 0 && ldw % 8 == 0 && ldx % 4 == 0 &&
+             ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
+  int nn = (int)n;
+  if (vec)
+    gemv_k<LKS_BF16, true><<<grid, warps * 32, 0, st>>>(out, ldo, x, ldx, w, ldw, bias, bdt, nn,
+                                                        M, K, accumulate);
+  else if (wdt == LKS_BF16)
+    gemv_k<LKS_BF16, false><<<grid, warps * 32, 0, st>>>(out, ldo, x, ldx, w, ldw, bias, bdt,
+                                                         nn, M, K, accumulate);
+  else if (wdt == LKS_F16)
+    gemv_k<LKS_F16, false><<<grid, warps * 32, 0, st>>>(out, ldo, x, ldx, w, ldw, bias, bdt, nn,
+                                                        M, K, accumulate);
+  else
+    gemv_k<LKS_F32, false><<<grid, warps * 32, 0, st>>>(out, ldo, x, ldx, w, ldw, bias, bdt, nn,
+                                                        M, K, accumulate);
+  return cudaGetLastError();
+}
+
+cudaError_t lks__cu_convert(cudaStream_t st, void *dst, int ddt, int64_t ldd, const void *src,
+                            int sdt, int64_t lds, int64_t rows, int64_t cols) {
+  if (rows > 0 && cols > 0)
+    convert_k<<<blocks_for(rows * cols, 256), 256, 0, st>>>(dst, ddt, ldd, src, sdt, lds, rows,
+                                                             cols);
+  return cudaGetLastError();
+}
+
+cudaError_t lks__cu_add_bias(cudaStream_t st, float *out, int64_t ldo, const void *bias, int bdt,
+                             int64_t n, int64_t M) {
+  if (n > 0 && M > 0) add_bias_k<<<blocks_for(n * M, 256), 256, 0, st>>>(out, ldo, bias, bdt, n, M);
+  return cudaGetLastError();
+}
+
+cudaError_t lks__cu_rope(cudaStream_t st, float *x, int64_t ldx, int64_t n, int heads,
+                         int head_dim, int rot, float theta, int interleaved, const int32_t *pos) {
+  if (n > 0 && rot >= 2)
+    rope_k<<<blocks_for(n * (rot / 2), 128), 128, 0, st>>>(x, ldx, n, heads, head_dim, rot, theta,
+                                                           interleaved, pos);
+  return cudaGetLastError();
+}
+
+cudaError_t lks__cu_kv_store(cudaStream_t st, float *K, float *V, int64_t width, const float *k,
+                             int64_t ldk, const float *v, int64_t ldv, const int32_t *slot,
+                             int64_t n) {
+  if (n > 0) kv_store_k<<<(unsigned)n, 256, 0, st>>>(K, V, width, k, ldk, v, ldv, slot);
+  return cudaGetLastError();
+}
+
+cudaError_t lks__cu_attention(cudaStream_t st, float *out, int64_t ldo, const float *q,
+                              int64_t ldq, const float *K, const float *V, int n_kv_heads,
+                              int head_dim, int n_heads, int block_size, const int32_t *seq,
+                              const int32_t *pos, const int32_t *block_table, int max_blocks,
+                              int n, float scale) {
+  if (n <= 0 || n_heads <= 0) return cudaGetLastError();
+  size_t smem = (size_t)(2 * head_dim + ATT_CHUNK + 32) * sizeof(float) + ATT_CHUNK * sizeof(int);
+  if (smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(attention_k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem);
+    if (e != cudaSuccess) return e;
+  }
+  attention_k<<<(unsigned)(n * n_heads), ATT_THREADS, smem, st>>>(
+      out, ldo, q, ldq, K, V, n_kv_heads, head_dim, n_heads, block_size, seq, pos, block_table,
+      max_blocks, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t lks__cu_route(cudaStream_t st, const float *logits, int64_t ld, const float *bias,
+                          int n, int E, int top_k, int n_group, int topk_group, int norm,
+                          float scaling, float *scratch, int32_t *ids, float *w) {
+  if (n > 0)
+    route_k<<<(unsigned)((n + 63) / 64), 64, 0, st>>>(logits, ld, bias, n, E, top_k, n_group,
+                                                      topk_group, norm, scaling, scratch, ids, w);
+  return cudaGetLastError();
+}
+
+cudaError_t lks__cu_swiglu(cudaStream_t st, float *g, const float *u, int64_t count) {
+  if (count > 0) swiglu_k<<<blocks_for(count, 256), 256, 0, st>>>(g, u, count);
+  return cudaGetLastError();
+}
+
+cudaError_t lks__cu_scatter_add(cudaStream_t st, float *out, int64_t ldo, const float *d,
+                                int64_t ldd, const int32_t *rows, const float *w, int n,
+                                int64_t cols) {
+  if (n > 0 && cols > 0)
+    scatter_add_k<<<blocks_for(cols, 256), 256, 0, st>>>(out, ldo, d, ldd, rows, w, n, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t lks__cu_gather_rows(cudaStream_t st, float *out, int64_t ldo, const float *x,
+                                int64_t ldx, const int32_t *rows, int64_t n, int64_t cols) {
+  if (n > 0) gather_rows_k<<<(unsigned)n, 256, 0, st>>>(out, ldo, x, ldx, rows, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t lks__cu_argmax(cudaStream_t st, const float *x, int64_t ldx, int64_t n, int64_t V,
+                           int32_t *idx, float *val) {
+  if (n > 0) argmax_k<<<(unsigned)n, 1024, 0, st>>>(x, ldx, V, idx, val);
+  return cudaGetLastError();
+}
+
+}  // extern "C"
