@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
 // The C forward against the independent numpy reference (tests/reference/glm_ref.py).
 //
-// usage: test_model_ref MODEL_DIR EXPECTED.safetensors BOUND PROMPT_LEN
+// usage: test_model_ref MODEL_DIR EXPECTED.safetensors BOUND PROMPT_LEN [BACKEND]
+//
+// BACKEND: cpu (default) or cuda (tests/gpu/run.sh): the same comparison on the GPU.
 //
 // 1. Sequence A, teacher-forced with the reference's tokens: a prefill of the prompt with the
 //    logits of every row, then one decode step per token; every row's logits are compared with
@@ -59,12 +61,13 @@ static void check(const char *what, double err, double bound) {
   } while (0)
 
 int main(int argc, char **argv) {
-  if (argc != 5) {
-    fprintf(stderr, "usage: %s MODEL_DIR EXPECTED.safetensors BOUND PROMPT_LEN\n", argv[0]);
+  if (argc != 5 && argc != 6) {
+    fprintf(stderr, "usage: %s MODEL_DIR EXPECTED.safetensors BOUND PROMPT_LEN [BACKEND]\n",
+            argv[0]);
     return 2;
   }
   double bound = atof(argv[3]);
-  lks_backend *be = lks_backend_new("cpu", 0);
+  lks_backend *be = lks_backend_new(argc == 6 ? argv[5] : "cpu", 0);
   lks_model *m = be ? lks_model_load(argv[1], be, NULL, NULL) : NULL;
   lks_safetensors *ex = lks_safetensors_open(argv[2]);
   if (!m || !ex) {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Tensor- and expert-parallel shards against the whole model, under mpirun.
 //
-// usage: mpirun -np N test_shard MODEL_DIR
+// usage: mpirun -np N test_shard MODEL_DIR   (LKS_TEST_BACKEND=cuda, LKS_TEST_COMM=nccl: on GPUs)
 //
 // Every rank loads its shard (world N, MPI collectives) and, in the same process, the whole model
 // (world 1). Both run the same prefill, decode steps and MTP steps on the same inputs; the test
@@ -75,8 +75,19 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: mpirun -np N %s MODEL_DIR\n", argv[0]);
     return 2;
   }
-  lks_backend *be = lks_backend_new("cpu", 1);
-  lks_comm *comm = world > 1 ? lks_comm_mpi_new(60) : lks_comm_local_new();
+  // LKS_TEST_BACKEND=cuda (tests/gpu/run.sh): the same checks on the GPU, with the MPI
+  // collectives staging device buffers, or NCCL with LKS_TEST_COMM=nccl (a GPU per rank).
+  const char *bname = getenv("LKS_TEST_BACKEND"), *cname = getenv("LKS_TEST_COMM");
+  bool cuda = bname && strcmp(bname, "cuda") == 0, nccl = cname && strcmp(cname, "nccl") == 0;
+  lks_backend *be = lks_backend_new(bname ? bname : "cpu", 1);
+  lks_comm *comm = world == 1 ? lks_comm_local_new()
+                   : nccl     ? lks_comm_nccl_new(60, -1)
+                   : cuda     ? lks_comm_mpi_cuda_new(60)
+                              : lks_comm_mpi_new(60);
+  if (!be || !comm) {
+    fprintf(stderr, "[rank %d] cannot start: %s\n", rank, lks_last_error());
+    lks_mpi_abort(1);
+  }
   side s[2];  // 0: this rank's shard, 1: the whole model
   s[0].m = lks_model_load_shard(argv[1], be, comm, NULL, NULL);
   s[1].m = lks_model_load(argv[1], be, NULL, NULL);
