@@ -63,12 +63,22 @@ typedef struct {
   size_t bytes;
 } dscratch;
 
+// Host control arrays reach the device through a pinned ring of two halves, so that their
+// copies stay asynchronous (a copy from pageable memory waits for the stream first). Entering a
+// half waits for the event recorded when it was last left: its copies are done by then.
+enum { RING_BYTES = 1 << 20, RING_ALIGN = 256 };
+
 typedef struct cuda_backend {
   lks_backend base;
   int device;
   cudaStream_t st;
   cublasHandle_t blas;
   dscratch sc[SC_N];
+  char *ring;  // pinned, RING_BYTES; NULL: pageable copies
+  int ring_part;    // the half in use
+  size_t ring_off;  // the next free byte in it
+  cudaEvent_t ring_ev[2];
+  bool ring_ev_set[2];
 } cuda_backend;
 
 int lks__cuda_pick_device(int requested) {
@@ -116,10 +126,28 @@ static int need(cuda_backend *c, int slot, size_t bytes, void **p) {
 }
 
 // Copies a host array into a scratch buffer (in stream order); the host array may be reused as
-// soon as this returns (pageable copies are staged by the driver).
+// soon as this returns.
 static int up(cuda_backend *c, int slot, const void *host, size_t bytes, void **dev) {
   LKS_TRY(need(c, slot, bytes ? bytes : 4, dev));
-  if (bytes) LKS_CUDA_TRY(cudaMemcpyAsync(*dev, host, bytes, cudaMemcpyHostToDevice, c->st));
+  if (!bytes) return 0;
+  size_t half = RING_BYTES / 2, a = (bytes + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN;
+  if (!c->ring || a > half) {
+    // Pageable: the driver stages the copy (after waiting for the stream).
+    LKS_CUDA_TRY(cudaMemcpyAsync(*dev, host, bytes, cudaMemcpyHostToDevice, c->st));
+    return 0;
+  }
+  if (c->ring_off + a > half) {
+    LKS_CUDA_TRY(cudaEventRecord(c->ring_ev[c->ring_part], c->st));
+    c->ring_ev_set[c->ring_part] = true;
+    c->ring_part ^= 1;
+    c->ring_off = 0;
+    if (c->ring_ev_set[c->ring_part])
+      LKS_CUDA_TRY(cudaEventSynchronize(c->ring_ev[c->ring_part]));
+  }
+  char *h = c->ring + (size_t)c->ring_part * half + c->ring_off;
+  memcpy(h, host, bytes);
+  LKS_CUDA_TRY(cudaMemcpyAsync(*dev, h, bytes, cudaMemcpyHostToDevice, c->st));
+  c->ring_off += a;
   return 0;
 }
 
@@ -460,19 +488,33 @@ static int cu_expert(lks_backend *be, lks_tensor out, lks_tensor x, const int32_
       if (rows[i] < 0 || rows[i] >= x.rows || rows[i] >= out.rows)
         return lks_set_error(LKS_ERANGE, "expert: row %d outside [0, %lld)", rows[i],
                              (long long)x.rows);
-    void *r, *xg;
+    void *r;
     LKS_TRY(up(c, SC_IDX0, rows, (size_t)n * sizeof *rows, &r));
     d_rows = r;
-    LKS_TRY(need(c, SC_XG, (size_t)n * H * sizeof(float), &xg));
-    LKS_CUDA_TRY(lks__cu_gather_rows(c->st, xg, H, xin, ldx, d_rows, n, H));
-    xin = xg;
-    ldx = H;
   }
   float *d_w = NULL;
   if (weights) {
     void *w;
     LKS_TRY(up(c, SC_W, weights, (size_t)n * sizeof *weights, &w));
     d_w = w;
+  }
+  if (n <= LKS__CU_GEMV_ROWS && gate.dtype == up_w.dtype) {
+    // Decode: the gather goes into gate/up, SwiGLU and the weighted scatter-add into down.
+    void *gu;
+    LKS_TRY(need(c, SC_GUD, (size_t)n * 2 * I * sizeof(float), &gu));
+    float *g = gu, *u = g + (size_t)n * I;
+    LKS_CUDA_TRY(lks__cu_gemv_gate_up(c->st, g, u, I, xin, ldx, d_rows, dp(gate), gate.ld,
+                                      dp(up_w), up_w.ld, gate.dtype, n, I, H));
+    LKS_CUDA_TRY(lks__cu_gemv_down_add(c->st, (float *)dp(out), out.ld, d_rows, d_w, g, u, I,
+                                       dp(down_w), down_w.dtype, down_w.ld, n, O, I));
+    return 0;
+  }
+  if (rows) {
+    void *xg;
+    LKS_TRY(need(c, SC_XG, (size_t)n * H * sizeof(float), &xg));
+    LKS_CUDA_TRY(lks__cu_gather_rows(c->st, xg, H, xin, ldx, d_rows, n, H));
+    xin = xg;
+    ldx = H;
   }
   void *gud;
   LKS_TRY(need(c, SC_GUD, (size_t)n * (2 * I + O) * sizeof(float), &gud));
@@ -493,6 +535,9 @@ static void cu_free(lks_backend *be) {
   if (c->st) cudaStreamSynchronize(c->st);
   for (int i = 0; i < SC_N; i++)
     if (c->sc[i].p) cudaFree(c->sc[i].p);
+  if (c->ring) cudaFreeHost(c->ring);
+  for (int i = 0; i < 2; i++)
+    if (c->ring_ev[i]) cudaEventDestroy(c->ring_ev[i]);
   if (c->blas) cublasDestroy(c->blas);
   if (c->st) cudaStreamDestroy(c->st);
   free(c);
@@ -527,6 +572,13 @@ static int init(cuda_backend *c, int device) {
   LKS_CUBLAS_TRY(cublasCreate(&c->blas));
   LKS_CUBLAS_TRY(cublasSetStream(c->blas, c->st));
   LKS_CUBLAS_TRY(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
+  for (int i = 0; i < 2; i++)
+    LKS_CUDA_TRY(cudaEventCreateWithFlags(&c->ring_ev[i], cudaEventDisableTiming));
+  void *ring = NULL;
+  if (cudaHostAlloc(&ring, RING_BYTES, cudaHostAllocDefault) == cudaSuccess)
+    c->ring = ring;
+  else
+    (void)cudaGetLastError();  // pageable copies then: slower, still correct
   struct cudaDeviceProp prop;
   LKS_CUDA_TRY(cudaGetDeviceProperties(&prop, device));
   LKS_LOG(LKS_LOG_INFO, "cuda backend: device %d, %s (sm_%d%d, %.1f GiB)", device, prop.name,

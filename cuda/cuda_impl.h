@@ -38,6 +38,17 @@ cudaError_t lks__cu_rmsnorm(cudaStream_t st, float *out, int64_t ldo, const floa
 cudaError_t lks__cu_gemv(cudaStream_t st, float *out, int64_t ldo, const float *x, int64_t ldx,
                          const void *w, int wdt, int64_t ldw, const void *bias, int bdt,
                          int64_t n, int64_t M, int64_t K, int accumulate);
+// The decode expert in two launches (n <= LKS__CU_GEMV_ROWS, gate and up of one dtype):
+// g[t], u[t] = gate x[rows[t]], up x[rows[t]] (rows NULL: t), both [n, I] with row stride ldo;
+// then out[rows[t]] += scale[t] * down(silu(g[t]) * u[t]) (scale NULL: 1), in row order.
+cudaError_t lks__cu_gemv_gate_up(cudaStream_t st, float *g, float *u, int64_t ldo,
+                                 const float *x, int64_t ldx, const int32_t *rows,
+                                 const void *gate, int64_t ld_gate, const void *up,
+                                 int64_t ld_up, int wdt, int64_t n, int64_t I, int64_t K);
+cudaError_t lks__cu_gemv_down_add(cudaStream_t st, float *out, int64_t ldo, const int32_t *rows,
+                                  const float *scale, const float *g, const float *u,
+                                  int64_t ldg, const void *down, int wdt, int64_t ld_down,
+                                  int64_t n, int64_t M, int64_t K);
 // dst[r, c] = src[r, c] converted (src F32/BF16/F16; dst F32 or BF16).
 cudaError_t lks__cu_convert(cudaStream_t st, void *dst, int ddt, int64_t ldd, const void *src,
                             int sdt, int64_t lds, int64_t rows, int64_t cols);

@@ -73,7 +73,7 @@ __device__ float block_max(float v, float *red) {
   return warp_max(t);
 }
 
-unsigned blocks_for(int64_t n, int per) {
+static unsigned blocks_for(int64_t n, int per) {
   int64_t b = (n + per - 1) / per;
   if (b > 65535 * 32) b = 65535 * 32;
   return (unsigned)(b > 0 ? b : 1);
@@ -180,22 +180,57 @@ __global__ void gather_rows_k(float *out, int64_t ldo, const float *x, int64_t l
 
 // ---- matrix-vector products (decode) ----
 
-// One warp per weight row m, for every activation row at once: the weight row is read once per
-// call whatever n is (n <= LKS__CU_GEMV_ROWS). f32 accumulation; the BF16 path loads 8 weights
-// (16 bytes) per lane per step when rows and activations are 16-byte aligned.
+// One warp per weight row, for every activation row at once: the weight row is read once per
+// call whatever n is (n <= LKS__CU_GEMV_ROWS), accumulated in f32. Rows m < M belong to w (into
+// out), rows M <= m < M + M2 to w2 (into out2): gate and up of an expert in one launch. The input
+// row t is x[xrows[t]] (x[t] when xrows is NULL), or silu(x[t]) * x2[t] (SwiGLU, CPU formula)
+// when x2 is set. Output row t is orows[t] (t when NULL). mode: 0 store d + b, 1 add d + b,
+// 2 add scale[t] * d (scale NULL: 1) — the expert's weighted scatter-add. The BF16 path loads
+// 8 weights (16 bytes) per lane per step when every row is 16-byte aligned.
+struct GemvArgs {
+  float *out, *out2;
+  int64_t ldo, ldo2;
+  const float *x, *x2;
+  int64_t ldx;
+  const int32_t *xrows, *orows;
+  const float *scale;
+  const void *w, *w2;
+  int64_t ldw, ldw2, M, M2;
+  const void *bias;
+  int bdt, n;
+  int64_t K;
+  int mode;
+};
+
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
 template <int DT, bool VEC>
-__global__ void gemv_k(float *out, int64_t ldo, const float *x, int64_t ldx, const void *w,
-                       int64_t ldw, const void *bias, int bdt, int n, int64_t M, int64_t K,
-                       int accumulate) {
+__global__ void gemv_k(GemvArgs a) {
   int lane = threadIdx.x & 31;
   int64_t m = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (m >= M) return;
+  if (m >= a.M + a.M2) return;
+  const void *w = a.w;
+  float *out = a.out;
+  int64_t ldw = a.ldw, ldo = a.ldo, mm = m;
+  if (m >= a.M) {
+    w = a.w2;
+    out = a.out2;
+    ldw = a.ldw2;
+    ldo = a.ldo2;
+    mm = m - a.M;
+  }
+  const float *xr[LKS__CU_GEMV_ROWS], *x2r[LKS__CU_GEMV_ROWS];
   float acc[LKS__CU_GEMV_ROWS];
 #pragma unroll
-  for (int t = 0; t < LKS__CU_GEMV_ROWS; t++) acc[t] = 0.0f;
+  for (int t = 0; t < LKS__CU_GEMV_ROWS; t++) {
+    int64_t r = t < a.n ? (a.xrows ? a.xrows[t] : t) : 0;
+    xr[t] = a.x + r * a.ldx;
+    x2r[t] = a.x2 ? a.x2 + r * a.ldx : NULL;
+    acc[t] = 0.0f;
+  }
   if (VEC) {
-    const uint4 *wr = (const uint4 *)((const uint16_t *)w + m * ldw);
-    for (int64_t k8 = lane; k8 < K / 8; k8 += 32) {
+    const uint4 *wr = (const uint4 *)((const uint16_t *)w + mm * ldw);
+    for (int64_t k8 = lane; k8 < a.K / 8; k8 += 32) {
       uint4 q = __ldg(wr + k8);
       float wf[8] = {__uint_as_float(q.x << 16), __uint_as_float(q.x & 0xffff0000u),
                      __uint_as_float(q.y << 16), __uint_as_float(q.y & 0xffff0000u),
@@ -203,34 +238,72 @@ __global__ void gemv_k(float *out, int64_t ldo, const float *x, int64_t ldx, con
                      __uint_as_float(q.w << 16), __uint_as_float(q.w & 0xffff0000u)};
 #pragma unroll
       for (int t = 0; t < LKS__CU_GEMV_ROWS; t++) {
-        if (t >= n) break;
-        const float4 *xr = (const float4 *)(x + t * ldx + k8 * 8);
-        float4 a = __ldg(xr), b = __ldg(xr + 1);
-        acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x +
-                  wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+        if (t >= a.n) break;
+        const float4 *xp = (const float4 *)(xr[t] + k8 * 8);
+        float4 p = __ldg(xp), q2 = __ldg(xp + 1);
+        float v[8] = {p.x, p.y, p.z, p.w, q2.x, q2.y, q2.z, q2.w};
+        if (x2r[t]) {
+          const float4 *up = (const float4 *)(x2r[t] + k8 * 8);
+          float4 u0 = __ldg(up), u1 = __ldg(up + 1);
+          float u[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+          for (int i = 0; i < 8; i++) v[i] = silu_mul(v[i], u[i]);
+        }
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) s += wf[i] * v[i];
+        acc[t] += s;
       }
     }
   } else {
-    const void *wr = row_of(w, DT, m, ldw);
-    for (int64_t k = lane; k < K; k += 32) {
+    const void *wr = row_of(w, DT, mm, ldw);
+    for (int64_t k = lane; k < a.K; k += 32) {
       float wk = load(wr, DT, k);
 #pragma unroll
       for (int t = 0; t < LKS__CU_GEMV_ROWS; t++) {
-        if (t >= n) break;
-        acc[t] += wk * __ldg(x + t * ldx + k);
+        if (t >= a.n) break;
+        float v = __ldg(xr[t] + k);
+        if (x2r[t]) v = silu_mul(v, __ldg(x2r[t] + k));
+        acc[t] += wk * v;
       }
     }
   }
-  float b = bias ? load(bias, bdt, m) : 0.0f;
+  float b = a.bias ? load(a.bias, a.bdt, mm) : 0.0f;
 #pragma unroll
   for (int t = 0; t < LKS__CU_GEMV_ROWS; t++) {
-    if (t >= n) break;
+    if (t >= a.n) break;
     float d = warp_sum(acc[t]);
     if (lane == 0) {
-      float *o = out + t * ldo + m;
-      *o = accumulate ? *o + d + b : d + b;
+      // One thread writes every row of this column in order: repeated output rows add up.
+      float *o = out + (a.orows ? (int64_t)a.orows[t] : (int64_t)t) * ldo + mm;
+      if (a.mode == 0)
+        *o = d + b;
+      else if (a.mode == 1)
+        *o = *o + d + b;
+      else
+        *o += (a.scale ? a.scale[t] : 1.0f) * d;
     }
   }
+}
+
+bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+cudaError_t launch_gemv(cudaStream_t st, const GemvArgs &a, int wdt) {
+  if (a.n <= 0 || a.M + a.M2 <= 0) return cudaGetLastError();
+  const int warps = 8;
+  unsigned grid = (unsigned)((a.M + a.M2 + warps - 1) / warps);
+  bool vec = wdt == LKS_BF16 && a.K % 8 == 0 && a.ldw % 8 == 0 && aligned16(a.w) &&
+             a.ldx % 4 == 0 && aligned16(a.x) && (!a.x2 || aligned16(a.x2)) &&
+             (!a.w2 || (a.ldw2 % 8 == 0 && aligned16(a.w2)));
+  if (vec)
+    gemv_k<LKS_BF16, true><<<grid, warps * 32, 0, st>>>(a);
+  else if (wdt == LKS_BF16)
+    gemv_k<LKS_BF16, false><<<grid, warps * 32, 0, st>>>(a);
+  else if (wdt == LKS_F16)
+    gemv_k<LKS_F16, false><<<grid, warps * 32, 0, st>>>(a);
+  else
+    gemv_k<LKS_F32, false><<<grid, warps * 32, 0, st>>>(a);
+  return cudaGetLastError();
 }
 
 // ---- attention over the paged cache ----
@@ -416,25 +489,62 @@ cudaError_t lks__cu_rmsnorm(cudaStream_t st, float *out, int64_t ldo, const floa
 cudaError_t lks__cu_gemv(cudaStream_t st, float *out, int64_t ldo, const float *x, int64_t ldx,
                          const void *w, int wdt, int64_t ldw, const void *bias, int bdt,
                          int64_t n, int64_t M, int64_t K, int accumulate) {
-  if (n <= 0 || M <= 0) return cudaGetLastError();
-  const int warps = 8;
-  unsigned grid = (unsigned)((M + warps - 1) / warps);
-  bool vec = wdt == LKS_BF16 && K % 8 == 0 && ldw % 8 == 0 && ldx % 4 == 0 &&
-             ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
-  int nn = (int)n;
-  if (vec)
-    gemv_k<LKS_BF16, true><<<grid, warps * 32, 0, st>>>(out, ldo, x, ldx, w, ldw, bias, bdt, nn,
-                                                        M, K, accumulate);
-  else if (wdt == LKS_BF16)
-    gemv_k<LKS_BF16, false><<<grid, warps * 32, 0, st>>>(out, ldo, x, ldx, w, ldw, bias, bdt,
-                                                         nn, M, K, accumulate);
-  else if (wdt == LKS_F16)
-    gemv_k<LKS_F16, false><<<grid, warps * 32, 0, st>>>(out, ldo, x, ldx, w, ldw, bias, bdt, nn,
-                                                        M, K, accumulate);
-  else
-    gemv_k<LKS_F32, false><<<grid, warps * 32, 0, st>>>(out, ldo, x, ldx, w, ldw, bias, bdt, nn,
-                                                        M, K, accumulate);
-  return cudaGetLastError();
+  GemvArgs a = {};
+  a.out = out;
+  a.ldo = ldo;
+  a.x = x;
+  a.ldx = ldx;
+  a.w = w;
+  a.ldw = ldw;
+  a.M = M;
+  a.bias = bias;
+  a.bdt = bdt;
+  a.n = (int)n;
+  a.K = K;
+  a.mode = accumulate ? 1 : 0;
+  return launch_gemv(st, a, wdt);
+}
+
+cudaError_t lks__cu_gemv_gate_up(cudaStream_t st, float *g, float *u, int64_t ldo,
+                                 const float *x, int64_t ldx, const int32_t *rows,
+                                 const void *gate, int64_t ld_gate, const void *up,
+                                 int64_t ld_up, int wdt, int64_t n, int64_t I, int64_t K) {
+  GemvArgs a = {};
+  a.out = g;
+  a.out2 = u;
+  a.ldo = a.ldo2 = ldo;
+  a.x = x;
+  a.ldx = ldx;
+  a.xrows = rows;
+  a.w = gate;
+  a.w2 = up;
+  a.ldw = ld_gate;
+  a.ldw2 = ld_up;
+  a.M = a.M2 = I;
+  a.n = (int)n;
+  a.K = K;
+  return launch_gemv(st, a, wdt);
+}
+
+cudaError_t lks__cu_gemv_down_add(cudaStream_t st, float *out, int64_t ldo, const int32_t *rows,
+                                  const float *scale, const float *g, const float *u,
+                                  int64_t ldg, const void *down, int wdt, int64_t ld_down,
+                                  int64_t n, int64_t M, int64_t K) {
+  GemvArgs a = {};
+  a.out = out;
+  a.ldo = ldo;
+  a.orows = rows;
+  a.scale = scale;
+  a.x = g;
+  a.x2 = u;
+  a.ldx = ldg;
+  a.w = down;
+  a.ldw = ld_down;
+  a.M = M;
+  a.n = (int)n;
+  a.K = K;
+  a.mode = 2;
+  return launch_gemv(st, a, wdt);
 }
 
 cudaError_t lks__cu_convert(cudaStream_t st, void *dst, int ddt, int64_t ldd, const void *src,
