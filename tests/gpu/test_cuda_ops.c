@@ -368,7 +368,7 @@ static void t_expert(void) {
       for (int sel = 0; sel < 2; sel++)
         for (int wt = 0; wt < 2; wt++) {
           int N = 25, n = ns[ni], H = 256, I = 96;
-          tp gate = weight(dts[d], I, H, false, 0.1f), up = weight(dts[d], I, H, true, 0.1f);
+          tp gate = weight(dts[d], I, H, false, 0.1f), up = weight(dts[d], I, H, wt != 0, 0.1f);
           tp down = weight(dts[d], H, I, false, 0.1f);
           tp x = act(N, H, H + 4, false), out = act(N, H, H + 2, false);
           int32_t rows[25];
@@ -390,7 +390,7 @@ static void t_expert(void) {
           TRY(GPU->ops->expert(GPU, out.g, x.g, r, ww, n, gate.g, up.g, down.g));
           char what[128];
           snprintf(what, sizeof what, "expert: %s, %d rows%s%s", dn(dts[d]), n,
-                   sel ? ", selected" : "", wt ? ", weighted" : "");
+                   sel ? ", selected" : "", wt ? ", weighted, up a column shard" : "");
           check(what, cmp(out), dts[d] == LKS_BF16 && n > LKS__CU_GEMV_ROWS ? 1e-2 : 1e-5);
           act_free(x);
           act_free(out);
