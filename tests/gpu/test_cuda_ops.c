@@ -522,7 +522,14 @@ static int rates(void) {
 int main(int argc, char **argv) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    printf("test_cuda_ops: no CUDA device here: skipped\n");
+    // What can be checked without a device: the backend refuses to start, with a reason.
+    lks_backend *none_be = lks_backend_new_on("cuda", 0, -1);
+    if (none_be || !strstr(lks_last_error(), "no CUDA device")) {
+      fprintf(stderr, "without a device, the cuda backend should fail with 'no CUDA device', not '%s'\n",
+              lks_last_error());
+      return 1;
+    }
+    printf("test_cuda_ops: no CUDA device here (%s): skipped\n", lks_last_error());
     return 77;
   }
   if (argc > 1 && strcmp(argv[1], "--rates") == 0) {
