@@ -178,8 +178,9 @@ static lks_buf *new_buf(size_t bytes, bool owned) {
 }
 
 static void cu_buf_free(lks_backend *be, lks_buf *b) {
-  (void)be;
   if (!b) return;
+  // Queued work may still use the buffer.
+  if (be) (void)cudaStreamSynchronize(((cuda_backend *)be)->st);
   cudaError_t e = cudaFree(b->d);
   if (e != cudaSuccess) LKS_LOG(LKS_LOG_WARN, "cuda backend: cudaFree: %s", cudaGetErrorString(e));
   free(b);
@@ -201,24 +202,29 @@ static lks_buf *cu_buf_alloc(lks_backend *be, size_t bytes) {
   return e == cudaSuccess ? b : fail_buf(b, "cudaMemset", e);
 }
 
+// Uploads go through the backend's stream and wait for it: a plain cudaMemcpy from pageable
+// memory may return before its DMA is done, and the backend's stream does not wait for the
+// legacy default stream.
 static lks_buf *cu_buf_wrap_host(lks_backend *be, const void *host, size_t bytes) {
-  (void)be;
+  cuda_backend *c = (cuda_backend *)be;
   lks_buf *b = new_buf(bytes, false);
   if (!b) return NULL;
-  cudaError_t e = cudaMemcpy(b->d, host, bytes, cudaMemcpyHostToDevice);
+  cudaError_t e = cudaMemcpyAsync(b->d, host, bytes, cudaMemcpyHostToDevice, c->st);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(c->st);
   return e == cudaSuccess ? b : fail_buf(b, "weight upload", e);
 }
 
 static lks_buf *cu_buf_wrap_host_2d(lks_backend *be, const void *host, int64_t rows,
                                     size_t row_bytes, size_t stride_bytes, size_t *ld_bytes) {
-  (void)be;
+  cuda_backend *c = (cuda_backend *)be;
   *ld_bytes = row_bytes;
   lks_buf *b = new_buf((size_t)(rows > 0 ? rows : 0) * row_bytes, false);
   if (!b) return NULL;
   cudaError_t e = cudaSuccess;
   if (rows > 0 && row_bytes > 0)
-    e = cudaMemcpy2D(b->d, row_bytes, host, stride_bytes, row_bytes, (size_t)rows,
-                     cudaMemcpyHostToDevice);
+    e = cudaMemcpy2DAsync(b->d, row_bytes, host, stride_bytes, row_bytes, (size_t)rows,
+                          cudaMemcpyHostToDevice, c->st);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(c->st);
   return e == cudaSuccess ? b : fail_buf(b, "weight upload (2-D)", e);
 }
 

@@ -155,6 +155,14 @@ static int nc_wait(nccl_comm *n, const char *coll, lks_comm_where w) {
     if (lks__ce2 != cudaSuccess) return nc_fail_cuda((n), (coll), (w), lks__ce2); \
   } while (0)
 
+// Device buffers are written by the backend on its own stream, which the comm's stream does not
+// wait for: the device settles before a collective reads device memory. (The backend's later
+// work is enqueued only after the collective is seen complete, so it reads the result.)
+static int settle(nccl_comm *n, const char *coll, lks_comm_where w) {
+  NC_CUDA(n, coll, w, cudaDeviceSynchronize());
+  return 0;
+}
+
 static int stage(nccl_comm *n, size_t bytes, const char *coll, lks_comm_where w) {
   if (n->dev_cap >= bytes) return 0;
   if (n->dev) NC_CUDA(n, coll, w, cudaFree(n->dev));
@@ -186,6 +194,8 @@ static int nc_allreduce(lks_comm *c, void *buf, size_t count, lks_dtype dt, lks_
     LKS_TRY(stage(n, bytes, coll, w));
     NC_CUDA(n, coll, w, cudaMemcpyAsync(n->dev, buf, bytes, cudaMemcpyHostToDevice, n->st));
     p = n->dev;
+  } else {
+    LKS_TRY(settle(n, coll, w));
   }
   NC_ENQ(n, coll, w, ncclAllReduce(p, p, count, t, ncclSum, n->nc, n->st));
   LKS_TRY(nc_wait(n, coll, w));
@@ -199,7 +209,9 @@ static int gather(nccl_comm *n, const void *send, void *recv, size_t bytes, cons
   LKS_TRY(nc_usable(n, coll, w));
   if (bytes == 0) return 0;
   size_t total = bytes * (size_t)n->base.world;
-  if (is_device(send) && is_device(recv)) {
+  bool ds = is_device(send), dr = is_device(recv);
+  if (ds || dr) LKS_TRY(settle(n, coll, w));
+  if (ds && dr) {
     NC_ENQ(n, coll, w, ncclAllGather(send, recv, bytes, ncclUint8, n->nc, n->st));
     return nc_wait(n, coll, w);
   }
@@ -210,6 +222,7 @@ static int gather(nccl_comm *n, const void *send, void *recv, size_t bytes, cons
   NC_ENQ(n, coll, w, ncclAllGather(mine, n->dev, bytes, ncclUint8, n->nc, n->st));
   LKS_TRY(nc_wait(n, coll, w));
   NC_CUDA(n, coll, w, cudaMemcpy(recv, n->dev, total, cudaMemcpyDefault));
+  if (dr) LKS_TRY(settle(n, coll, w));  // a device-to-device cudaMemcpy does not wait
   return 0;
 }
 
@@ -229,6 +242,7 @@ static int nc_broadcast(lks_comm *c, void *buf, size_t bytes, int root, lks_comm
   if (bytes == 0) return 0;
   bool dev = is_device(buf);
   void *p = buf;
+  if (dev) LKS_TRY(settle(n, coll, w));
   if (!dev) {
     LKS_TRY(stage(n, bytes, coll, w));
     if (c->rank == root)
@@ -465,10 +479,12 @@ static int st_allreduce(lks_comm *c, void *buf, size_t count, lks_dtype dt, lks_
   if (!is_device(buf)) return finish(c, m->ops->allreduce_sum(m, buf, count, dt, w));
   size_t bytes = count * lks_dtype_size(dt);
   LKS_TRY(host_stage(s, bytes));
+  LKS_CUDA_TRY(cudaDeviceSynchronize());  // the backend's stream wrote buf
   LKS_CUDA_TRY(cudaMemcpy(s->host, buf, bytes, cudaMemcpyDeviceToHost));
   int rc = finish(c, m->ops->allreduce_sum(m, s->host, count, dt, w));
   if (rc < 0) return rc;
   LKS_CUDA_TRY(cudaMemcpy(buf, s->host, bytes, cudaMemcpyHostToDevice));
+  LKS_CUDA_TRY(cudaDeviceSynchronize());  // a pageable copy may return before its DMA is done
   return 0;
 }
 
@@ -481,10 +497,12 @@ static int st_allgather(lks_comm *c, const void *send, void *recv, size_t bytes,
   size_t total = bytes * (size_t)c->world;
   LKS_TRY(host_stage(s, total + bytes));
   char *hr = s->host, *hs = hr + total;
+  LKS_CUDA_TRY(cudaDeviceSynchronize());
   LKS_CUDA_TRY(cudaMemcpy(hs, send, bytes, cudaMemcpyDefault));
   int rc = finish(c, m->ops->allgather(m, hs, hr, bytes, w));
   if (rc < 0) return rc;
   LKS_CUDA_TRY(cudaMemcpy(recv, hr, total, cudaMemcpyDefault));
+  LKS_CUDA_TRY(cudaDeviceSynchronize());
   return 0;
 }
 
@@ -493,10 +511,12 @@ static int st_broadcast(lks_comm *c, void *buf, size_t bytes, int root, lks_comm
   lks_comm *m = inner(c);
   if (!is_device(buf)) return finish(c, m->ops->broadcast(m, buf, bytes, root, w));
   LKS_TRY(host_stage(s, bytes));
+  LKS_CUDA_TRY(cudaDeviceSynchronize());
   LKS_CUDA_TRY(cudaMemcpy(s->host, buf, bytes, cudaMemcpyDeviceToHost));
   int rc = finish(c, m->ops->broadcast(m, s->host, bytes, root, w));
   if (rc < 0) return rc;
   LKS_CUDA_TRY(cudaMemcpy(buf, s->host, bytes, cudaMemcpyHostToDevice));
+  LKS_CUDA_TRY(cudaDeviceSynchronize());
   return 0;
 }
 
