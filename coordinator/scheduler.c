@@ -409,7 +409,7 @@ static int step(lks_sched *s) {
   Lockstep__SlotTokens st[4096], *seqs[4096];
   lks_req *owner[4096];
   int32_t rows[4096][LKS_MAX_DRAFTS + 1];
-  int n_seqs = 0, n_out = 0, budget = s->o.chunk, di = 0;
+  int n_seqs = 0, budget = s->o.chunk, di = 0;
   bool any_prefill = false, any_verify = false, logits = false;
   for (int i = 0; i < s->n_slots; i++) {
     lks_req *r = s->slot[i];
@@ -425,7 +425,6 @@ static int step(lks_sched *s) {
       st[n_seqs].n_tokens = (size_t)take;
       st[n_seqs].want_last = take == left;
       any_prefill = true;
-      n_out += st[n_seqs].want_last;
     } else {
       // dreq lists the decode sequences in slot order, as this loop visits them.
       bool mine = di < n_dec && dreq[di] == r;
@@ -438,7 +437,6 @@ static int step(lks_sched *s) {
       st[n_seqs].want_all = nd > 0;
       st[n_seqs].want_last = nd == 0;
       any_verify |= nd > 0;
-      n_out += nd + 1;
     }
     logits |= (st[n_seqs].want_last || st[n_seqs].want_all) && r->p.sampling.temperature > 0;
     owner[n_seqs] = r;
