@@ -120,10 +120,19 @@ def write(model_dir, cfg, m, hist):
     w("| main model, next token | %s | %s |" % (_f(v["loss"]), _f(v["ppl"], 2)))
     w("| MTP layer, token after next | %s | %s |" % (_f(v["mtp_loss"]), _f(v["mtp_ppl"], 2)))
     w("")
-    w("Over all %d held-out tokens, %.3f bits per byte. The training curve (every %d steps) is "
-      "in `metrics.json`'s neighbour, the training log." % (v["tokens"], v["bits_per_byte"],
-                                                           a["log_every"]))
+    w("Over all %d held-out tokens: %.3f bits per byte." % (v["tokens"], v["bits_per_byte"]))
     w("")
+    curve = [(r["step"], r["loss"], r.get("val_loss"), r.get("val_mtp")) for r in hist
+             if "val_loss" in r]
+    if curve:
+        w("Training curve (held-out loss on the first %d windows during training; the full log "
+          "is `train.log`):" % a["eval_windows"])
+        w("")
+        w("| step | train loss | held-out loss | held-out MTP loss |")
+        w("|---|---|---|---|")
+        for s_, tl, vl_, vm_ in curve:
+            w("| %d | %.3f | %.3f | %.3f |" % (s_, tl, vl_, vm_))
+        w("")
     st = m["acceptance_setup"]
     w("### MTP greedy acceptance")
     w("")
@@ -146,6 +155,10 @@ def write(model_dir, cfg, m, hist):
       "%.3f / %.3f / %.3f. Teacher-forced on all held-out text, the first draft equals the "
       "target's next greedy token %.3f of the time." % (aa[0], aa[1], aa[2],
                                                          v["mtp_teacher_forced_agreement"]))
+    w("")
+    w("The same measurement by lockstep's own speculative decoder (`generate --spec mtp`) is "
+      "still to come (the runtime has the MTP draft step but no speculative loop yet); the "
+      "tests below check that lockstep's first and chained draft logits equal this model's.")
     w("")
     w("## Samples")
     w("")

@@ -305,6 +305,10 @@ def main(argv):
         json.dump(out, f, indent=1)
     with open(os.path.join(a.model, "metrics.json"), "w") as f:
         json.dump(out, f, indent=1)
+    log_src = os.path.join(a.work, "train.log")
+    if os.path.exists(log_src):
+        import shutil
+        shutil.copyfile(log_src, os.path.join(a.model, "train.log"))
     import card
     card.write(a.model, cfg, out, hist)
     log("evaluate: done in %.0f s" % (time.time() - t_start))
