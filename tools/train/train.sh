@@ -35,4 +35,12 @@ start=$(date +%s)
 $PY "$ROOT/tools/train/train.py" train "${T[@]}"
 $PY "$ROOT/tools/train/train.py" export "${T[@]}" --out "$OUT"
 $PY "$ROOT/tools/train/evaluate.py" --work "$WORK" --model "$OUT"
+# The acceptance again, by lockstep's own speculative decoder (LOCKSTEP, default build/lockstep).
+LKS=${LOCKSTEP:-$ROOT/build/lockstep}
+if [ -x "$LKS" ]; then
+  $PY "$ROOT/tools/train/spec_check.py" "$LKS" "$WORK" "$OUT"
+  $PY "$ROOT/tools/train/card.py" "$OUT" "$WORK"
+else
+  echo "train.sh: no lockstep at $LKS (build it, or set LOCKSTEP): its acceptance is not measured"
+fi
 echo "train.sh: done in $(( $(date +%s) - start )) s"
