@@ -34,7 +34,6 @@ struct lks_ctl {
   char (*hosts)[HOST_LEN];
   uint64_t step;  // rank 0: last sent; worker: last received
   uint64_t shutdown_step;  // rank 0: the step of EP_CMD_SHUTDOWN, once sent
-  double last_poll;        // rank 0: when lks_ctl_poll last ran
   char fault[64];
   uint64_t fault_step;
   pthread_t beat_thread;
@@ -151,7 +150,6 @@ static int drain_acks(lks_ctl *c, int r) {
 
 int lks_ctl_poll(void *ctl) {
   lks_ctl *c = ctl;
-  c->last_poll = lks_clock();
   if (c->rank == 0) {
     for (int r = 1; r < c->world; r++) {
       LKS_TRY(drain_acks(c, r));
@@ -314,9 +312,7 @@ int lks_ctl_send(lks_ctl *c, Lockstep__Command *cmd) {
   lks_log_set_step(c->step);
   if (cmd->type == LOCKSTEP__CMD_TYPE__EP_CMD_SHUTDOWN) c->shutdown_step = c->step;
   if (c->world == 1) return 0;
-  // Acks and disconnects are read at most every 10 ms here: a step's send stays a pack and a
-  // zmq_send, and every collective's wait polls them every millisecond anyway.
-  if (lks_clock() - c->last_poll > 0.01) LKS_TRY(lks_ctl_poll(c));
+  LKS_TRY(lks_ctl_poll(c));
   size_t n = lockstep__command__get_packed_size(cmd);
   uint8_t *buf = malloc(n + 16);
   if (!buf) return lks_set_error(LKS_ENOMEM, "out of memory");
