@@ -243,8 +243,9 @@ static void mm_task(void *ctx, int task, int thread) {
   for (int64_t r = r0; r < r1; r++) {
     const void *wr = wbase + (size_t)(r * w.ld) * es;
     float b = j->m[mi].bias ? j->m[mi].bias[r] : 0.0f;
-    // Few rows, BF16 or F32: dot straight from the weights. Otherwise widen the row once.
-    bool direct = w.dtype == LKS_F32 || (w.dtype == LKS_BF16 && j->n <= 2);
+    // Few rows, BF16 or F32: dot straight from the weights (the row stays in L1 across the
+    // rows). Otherwise widen the row once and reuse it.
+    bool direct = w.dtype == LKS_F32 || (w.dtype == LKS_BF16 && j->n <= 32);
     const float *wf = wr;
     if (!direct) {
       if (w.dtype == LKS_BF16)
