@@ -197,6 +197,7 @@ static bool parse_common(lks_http *h, json_t *o, lks_req_params *p, bool *stream
   if (mtok && json_is_integer(mtok) && mt < 1)
     return bad(e, 400, "max_tokens", "'max_tokens' must be at least 1");
   if (!get_bool(o, "stream", stream, e)) return false;
+  if (!get_bool(o, "ignore_eos", &p->ignore_eos, e)) return false;  // an extension, as vLLM's
   json_t *so = json_object_get(o, "stream_options");
   *usage_in_stream = false;
   if (so && !json_is_null(so)) {

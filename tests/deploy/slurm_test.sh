@@ -36,7 +36,7 @@ out=$(curl -s "http://127.0.0.1:$port/v1/completions" -d '{"prompt": [5, 6, 7], 
 echo "$out" | grep -q '"completion_tokens":8' && ok "a completion through the slurm job" || bad "completion: $out"
 # A long streaming request is still running when the job is cancelled: it must finish.
 curl -sN --max-time 60 "http://127.0.0.1:$port/v1/completions" \
-  -d '{"prompt": [5, 6, 7], "max_tokens": 300, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}' > "$dir/stream" &
+  -d '{"prompt": [5, 6, 7], "max_tokens": 300, "ignore_eos": true, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}' > "$dir/stream" &
 client=$!
 sleep 0.3
 scancel "$job"

@@ -21,7 +21,7 @@ for _ in $(seq 1 600); do
 done
 t0=$(date +%s%3N)
 curl -sN --max-time 60 "http://127.0.0.1:$port/v1/completions" \
-  -d '{"prompt": [5, 6, 7], "max_tokens": 2000, "temperature": 0, "stream": true}' > "$stream"
+  -d '{"prompt": [5, 6, 7], "max_tokens": 2000, "ignore_eos": true, "temperature": 0, "stream": true}' > "$stream"
 # Right after the stream ends: the server is either still up and refusing (503), or gone.
 h=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "http://127.0.0.1:$port/health")
 r=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "http://127.0.0.1:$port/v1/completions" -d '{"prompt": [1], "max_tokens": 2}')

@@ -15,7 +15,8 @@ start() {
   pid=$!
   for _ in $(seq 1 600); do curl -sf "http://127.0.0.1:$port/health" > /dev/null && return; sleep 0.1; done
 }
-body='{"prompt": [5, 6, 7], "max_tokens": 400, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}'
+# Long enough to be running when the signals arrive, on any of the models the suite serves.
+body='{"prompt": [5, 6, 7], "max_tokens": 3000, "ignore_eos": true, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}'
 
 start
 curl -sN --max-time 120 "http://127.0.0.1:$port/v1/completions" -d "$body" > "$stream" &
@@ -28,8 +29,8 @@ r=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "http://127.0.0.1:$port/
 wait $client
 wait $pid
 st=$?
-grep -q '"completion_tokens":400' "$stream" && grep -q '\[DONE\]' "$stream" \
-  && ok "the open stream completed all 400 tokens after SIGTERM" || { bad "the stream did not complete"; tail -2 "$stream"; }
+grep -q '"completion_tokens":3000' "$stream" && grep -q '\[DONE\]' "$stream" \
+  && ok "the open stream completed all 3000 tokens after SIGTERM" || { bad "the stream did not complete"; tail -2 "$stream"; }
 { [ "$h" = 503 ] && [ "$r" = 503 ]; } && ok "while draining: /health $h, new request $r" \
   || bad "while draining: /health $h, new request $r (want 503, 503)"
 [ "$st" = 0 ] && ok "exit status 0 after the drain" || bad "exit status $st"
