@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -35,6 +36,7 @@ struct lks_http {
   int max_len;
   atomic_ullong next_id;
   atomic_bool shutdown;
+  atomic_int open_responses;  // generation responses still being written
   pthread_mutex_t mu;  // the request counters below
   uint64_t by_status[6];  // 2xx, 4xx (other), 400, 429, 5xx, 503 — see status_index
 };
@@ -459,6 +461,7 @@ static ssize_t gen_reader(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void gen_free(void *cls) {
   gen *g = cls;
+  atomic_fetch_sub(&g->h->open_responses, 1);
   if (!g->finished) lks_req_cancel(g->req);  // the client left early
   lks_req_release(g->req);
   free(g->out);
@@ -498,6 +501,7 @@ static enum MHD_Result generate(lks_http *h, struct MHD_Connection *c, json_t *o
   g->created = (long)time(NULL);
   snprintf(g->id, sizeof g->id, "%s-%llu", chat ? "chatcmpl" : "cmpl",
            (unsigned long long)atomic_fetch_add(&h->next_id, 1));
+  atomic_fetch_add(&h->open_responses, 1);
   struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, gen_reader, g, gen_free);
   MHD_add_response_header(resp, "Content-Type", stream ? "text/event-stream" : "application/json");
   if (stream) MHD_add_response_header(resp, "Cache-Control", "no-cache");
@@ -829,6 +833,9 @@ fail:
 
 void lks_http_stop(lks_http *h) {
   if (!h) return;
+  // Responses of requests that finished are still being written out: let them end (at most
+  // 10 s) before the connections close.
+  for (int i = 0; i < 200 && atomic_load(&h->open_responses) > 0; i++) usleep(50000);
   MHD_stop_daemon(h->d);
   pthread_mutex_destroy(&h->mu);
   free(h);

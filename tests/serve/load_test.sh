@@ -4,9 +4,11 @@
 # `lockstep serve`; no response may be a 5xx, and the server's resident memory may grow less than
 # 10% from the first 10 s to the last 10 s.
 # (Every answer must be 2xx: a stricter form of 'no 5xx'.)
-# usage: load_test.sh LOCKSTEP MODEL_DIR PORT [SECONDS]
+# usage: load_test.sh LOCKSTEP MODEL_DIR PORT [SECONDS] [CHECK_RSS]
+# CHECK_RSS 0 (sanitizer builds, whose allocators keep caches that grow) reports the memory
+# figure without judging it.
 set -u
-lockstep=$1 model=$2 port=$3 secs=${4:-60}
+lockstep=$1 model=$2 port=$3 secs=${4:-60} check_rss=${5:-1}
 log=$(mktemp) lua=$(mktemp --suffix=.lua) rss=$(mktemp) out=$(mktemp)
 trap 'kill $pid 2>/dev/null; rm -f "$log" "$lua" "$rss" "$out"' EXIT
 "$lockstep" serve --model "$model" --port "$port" --max-slots 8 --max-queue 64 > "$log" 2>&1 &
@@ -33,7 +35,10 @@ growth=$(awk -v a="$first" -v b="$last" 'BEGIN {printf "%.1f", 100 * (b - a) / a
 echo "requests: $total, not 2xx: $non2xx; resident memory ${first} kB (first 10 s) -> ${last} kB (last 10 s): ${growth}%"
 curl -sf "http://127.0.0.1:$port/health" > /dev/null && alive=1 || alive=0
 kill -TERM $pid; wait $pid
-if [ "$non2xx" = 0 ] && [ "${total:-0}" -gt 0 ] && [ "$alive" = 1 ] && awk -v g="$growth" 'BEGIN {exit !(g < 10)}'; then
+rss_ok=1
+[ "$check_rss" = 1 ] && ! awk -v g="$growth" 'BEGIN {exit !(g < 10)}' && rss_ok=0
+[ "$check_rss" = 1 ] || echo "(memory growth not judged in a sanitizer build)"
+if [ "$non2xx" = 0 ] && [ "${total:-0}" -gt 0 ] && [ "$alive" = 1 ] && [ "$rss_ok" = 1 ]; then
   echo "1 passed, 0 failed"; exit 0
 fi
 echo "0 passed, 1 failed"; exit 1
