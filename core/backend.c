@@ -80,3 +80,13 @@ int lks_tensor_to_host_f32(lks_backend *be, float *dst, lks_tensor t) {
   free(tmp);
   return 0;
 }
+
+int lks_attn_rows_check(const lks_kv_layer *kv, const lks_attn_rows *rows) {
+  int64_t cap = (int64_t)kv->n_blocks * kv->block_size;
+  for (int i = 0; i < rows->n; i++)
+    if (rows->slot[i] < 0 || rows->slot[i] >= cap || rows->pos[i] < 0 ||
+        rows->pos[i] >= (int64_t)rows->max_blocks * kv->block_size)
+      return lks_set_error(LKS_ERANGE, "attention: row %d has slot %d / position %d outside the cache",
+                           i, rows->slot[i], rows->pos[i]);
+  return 0;
+}

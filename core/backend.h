@@ -138,6 +138,10 @@ lks_backend *lks_backend_new(const char *name, int threads);
 lks_backend *lks_backend_new_on(const char *name, int threads, int device);
 void lks_backend_free(lks_backend *be);
 
+// Checks that every row's slot and position lie inside the cache (for every backend's
+// kv_store and attention): 0 or LKS_ERANGE naming the row.
+int lks_attn_rows_check(const lks_kv_layer *kv, const lks_attn_rows *rows);
+
 // Reads a whole tensor view to host memory as f32 (any dtype), row by row.
 int lks_tensor_to_host_f32(lks_backend *be, float *dst, lks_tensor t);
 

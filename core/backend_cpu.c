@@ -351,21 +351,10 @@ static void attn_task(void *ctx, int task, int thread) {
   }
 }
 
-static int check_rows(const lks_kv_layer *kv, const lks_attn_rows *rows) {
-  for (int i = 0; i < rows->n; i++) {
-    int64_t cap = (int64_t)kv->n_blocks * kv->block_size;
-    if (rows->slot[i] < 0 || rows->slot[i] >= cap || rows->pos[i] < 0 ||
-        rows->pos[i] >= (int64_t)rows->max_blocks * kv->block_size)
-      return lks_set_error(LKS_ERANGE, "attention: row %d has slot %d / position %d outside the cache",
-                           i, rows->slot[i], rows->pos[i]);
-  }
-  return 0;
-}
-
 static int cpu_kv_store(lks_backend *be, const lks_kv_layer *kv, lks_tensor k, lks_tensor v,
                         const lks_attn_rows *rows) {
   (void)be;
-  LKS_TRY(check_rows(kv, rows));
+  LKS_TRY(lks_attn_rows_check(kv, rows));
   size_t w = (size_t)kv->n_kv_heads * kv->head_dim;
   for (int i = 0; i < rows->n; i++) {
     memcpy((float *)kv->k->data + (size_t)rows->slot[i] * w, row_f32(k, i), w * sizeof(float));
@@ -377,7 +366,7 @@ static int cpu_kv_store(lks_backend *be, const lks_kv_layer *kv, lks_tensor k, l
 static int cpu_attention(lks_backend *be, lks_tensor out, lks_tensor q, const lks_kv_layer *kv,
                          const lks_attn_rows *rows, int n_heads, float scale) {
   cpu_backend *c = (cpu_backend *)be;
-  LKS_TRY(check_rows(kv, rows));
+  LKS_TRY(lks_attn_rows_check(kv, rows));
   int max_pos = 0;
   for (int i = 0; i < rows->n; i++)
     if (rows->pos[i] > max_pos) max_pos = rows->pos[i];

@@ -388,21 +388,10 @@ static int cu_matmul(lks_backend *be, lks_tensor out, lks_tensor x, lks_tensor w
 
 // ---- attention ----
 
-static int check_rows(const lks_kv_layer *kv, const lks_attn_rows *rows) {
-  for (int i = 0; i < rows->n; i++) {
-    int64_t cap = (int64_t)kv->n_blocks * kv->block_size;
-    if (rows->slot[i] < 0 || rows->slot[i] >= cap || rows->pos[i] < 0 ||
-        rows->pos[i] >= (int64_t)rows->max_blocks * kv->block_size)
-      return lks_set_error(LKS_ERANGE, "attention: row %d has slot %d / position %d outside the cache",
-                           i, rows->slot[i], rows->pos[i]);
-  }
-  return 0;
-}
-
 static int cu_kv_store(lks_backend *be, const lks_kv_layer *kv, lks_tensor k, lks_tensor v,
                        const lks_attn_rows *rows) {
   cuda_backend *c = (cuda_backend *)be;
-  LKS_TRY(check_rows(kv, rows));
+  LKS_TRY(lks_attn_rows_check(kv, rows));
   if (rows->n <= 0) return 0;
   void *d_slot;
   LKS_TRY(up(c, SC_IDX0, rows->slot, (size_t)rows->n * sizeof(int32_t), &d_slot));
@@ -415,7 +404,7 @@ static int cu_kv_store(lks_backend *be, const lks_kv_layer *kv, lks_tensor k, lk
 static int cu_attention(lks_backend *be, lks_tensor out, lks_tensor q, const lks_kv_layer *kv,
                         const lks_attn_rows *rows, int n_heads, float scale) {
   cuda_backend *c = (cuda_backend *)be;
-  LKS_TRY(check_rows(kv, rows));
+  LKS_TRY(lks_attn_rows_check(kv, rows));
   if (rows->n <= 0) return 0;
   if (n_heads % kv->n_kv_heads != 0)
     return lks_set_error(LKS_ESHAPE, "attention: %d query heads over %d KV heads", n_heads,

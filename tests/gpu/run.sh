@@ -171,7 +171,7 @@ if want bench && [ "${BENCH:-1}" != 0 ]; then
     [ "$FRAC" != "?" ] && [ $RES = INFO ] && RES=BELOW
     row "decode (no CUDA graphs)" "$RES" "${DEC:-?} tokens/s, ${ACH:-?} GB/s = $FRAC of copy bw (target 0.7)"
     row "prefill 512 tokens" INFO "${PRE:-?} tokens/s = $PF of the bf16 matmul rate"
-    row "decode with CUDA graphs" INFO "not implemented yet"
+    row "decode with CUDA graphs" INFO "none: routing is decided on the host each layer"
   else
     row "bench --backend cuda" FAIL "see $LOGS/bench.log"
   fi
