@@ -90,3 +90,21 @@ int lks_attn_rows_check(const lks_kv_layer *kv, const lks_attn_rows *rows) {
                            i, rows->slot[i], rows->pos[i]);
   return 0;
 }
+
+int lks_weight_check(lks_tensor w, int64_t K) {
+  if (w.cols != K)
+    return lks_set_error(LKS_ESHAPE, "matmul: weight has %lld columns, input has %lld",
+                         (long long)w.cols, (long long)K);
+  if (w.dtype != LKS_F32 && w.dtype != LKS_BF16 && w.dtype != LKS_F16)
+    return lks_set_error(LKS_EUNSUPPORTED, "matmul: weights of type %s", lks_dtype_name(w.dtype));
+  return 0;
+}
+
+int lks_matmul_check(lks_tensor out, lks_tensor x, lks_tensor w) {
+  LKS_TRY(lks_weight_check(w, x.cols));
+  if (out.rows != x.rows || out.cols != w.rows)
+    return lks_set_error(LKS_ESHAPE, "matmul: output [%lld, %lld], expected [%lld, %lld]",
+                         (long long)out.rows, (long long)out.cols, (long long)x.rows,
+                         (long long)w.rows);
+  return 0;
+}

@@ -138,6 +138,11 @@ lks_backend *lks_backend_new(const char *name, int threads);
 lks_backend *lks_backend_new_on(const char *name, int threads, int device);
 void lks_backend_free(lks_backend *be);
 
+// Shape and type checks every backend's matmul and expert make: a weight of K columns in F32,
+// BF16 or F16; out [x.rows, w.rows]. 0, or LKS_ESHAPE / LKS_EUNSUPPORTED naming the mismatch.
+int lks_weight_check(lks_tensor w, int64_t K);
+int lks_matmul_check(lks_tensor out, lks_tensor x, lks_tensor w);
+
 // Checks that every row's slot and position lie inside the cache (for every backend's
 // kv_store and attention): 0 or LKS_ERANGE naming the row.
 int lks_attn_rows_check(const lks_kv_layer *kv, const lks_attn_rows *rows);

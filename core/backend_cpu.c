@@ -264,15 +264,6 @@ static void mm_task(void *ctx, int task, int thread) {
   }
 }
 
-static int mm_check(lks_tensor w, int64_t K) {
-  if (w.cols != K)
-    return lks_set_error(LKS_ESHAPE, "matmul: weight has %lld columns, input has %lld",
-                         (long long)w.cols, (long long)K);
-  if (w.dtype != LKS_F32 && w.dtype != LKS_BF16 && w.dtype != LKS_F16)
-    return lks_set_error(LKS_EUNSUPPORTED, "matmul: weights of type %s", lks_dtype_name(w.dtype));
-  return 0;
-}
-
 static int mm_run(mm_job *j) {
   cpu_backend *c = j->c;
   LKS_TRY(grow_thread_scratch(c, (size_t)j->K));
@@ -288,11 +279,7 @@ static int mm_run(mm_job *j) {
 static int cpu_matmul(lks_backend *be, lks_tensor out, lks_tensor x, lks_tensor w,
                       lks_tensor bias, bool accumulate) {
   cpu_backend *c = (cpu_backend *)be;
-  LKS_TRY(mm_check(w, x.cols));
-  if (out.rows != x.rows || out.cols != w.rows)
-    return lks_set_error(LKS_ESHAPE, "matmul: output [%lld, %lld], expected [%lld, %lld]",
-                         (long long)out.rows, (long long)out.cols, (long long)x.rows,
-                         (long long)w.rows);
+  LKS_TRY(lks_matmul_check(out, x, w));
   float *bf = NULL;
   if (bias.buf) {
     LKS_TRY(grow(&c->work[2], (size_t)bias.cols));
@@ -444,9 +431,9 @@ static int cpu_expert(lks_backend *be, lks_tensor out, lks_tensor x, const int32
                       lks_tensor down) {
   cpu_backend *c = (cpu_backend *)be;
   int64_t H = x.cols, I = gate.rows;
-  LKS_TRY(mm_check(gate, H));
-  LKS_TRY(mm_check(up, H));
-  LKS_TRY(mm_check(down, I));
+  LKS_TRY(lks_weight_check(gate, H));
+  LKS_TRY(lks_weight_check(up, H));
+  LKS_TRY(lks_weight_check(down, I));
   if (up.rows != I || down.rows != out.cols)
     return lks_set_error(LKS_ESHAPE, "expert: gate/up/down shapes disagree");
   // Gather the rows (decode: one row, a copy of H floats).

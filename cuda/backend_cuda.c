@@ -321,15 +321,6 @@ static int cu_argmax(lks_backend *be, lks_tensor x, int32_t *idx, float *val) {
 
 // ---- matrix products ----
 
-static int mm_check(lks_tensor w, int64_t K) {
-  if (w.cols != K)
-    return lks_set_error(LKS_ESHAPE, "matmul: weight has %lld columns, input has %lld",
-                         (long long)w.cols, (long long)K);
-  if (w.dtype != LKS_F32 && w.dtype != LKS_BF16 && w.dtype != LKS_F16)
-    return lks_set_error(LKS_EUNSUPPORTED, "matmul: weights of type %s", lks_dtype_name(w.dtype));
-  return 0;
-}
-
 // out [n, M] (row stride ldo) (+)= x [n, K] (row stride ldx) w^T + bias. Row-major products
 // are column-major ones transposed: out^T = W x^T, with W [M, K] read as the transpose of a
 // column-major [K, M] matrix of leading dimension w.ld.
@@ -377,11 +368,7 @@ static int mm(cuda_backend *c, float *out, int64_t ldo, const float *x, int64_t 
 static int cu_matmul(lks_backend *be, lks_tensor out, lks_tensor x, lks_tensor w,
                      lks_tensor bias, bool accumulate) {
   cuda_backend *c = (cuda_backend *)be;
-  LKS_TRY(mm_check(w, x.cols));
-  if (out.rows != x.rows || out.cols != w.rows)
-    return lks_set_error(LKS_ESHAPE, "matmul: output [%lld, %lld], expected [%lld, %lld]",
-                         (long long)out.rows, (long long)out.cols, (long long)x.rows,
-                         (long long)w.rows);
+  LKS_TRY(lks_matmul_check(out, x, w));
   return mm(c, (float *)dp(out), out.ld, (const float *)dp(x), x.ld, x.rows, w,
             bias.buf ? dp(bias) : NULL, bias.dtype, accumulate);
 }
@@ -469,9 +456,9 @@ static int cu_expert(lks_backend *be, lks_tensor out, lks_tensor x, const int32_
                      lks_tensor down_w) {
   cuda_backend *c = (cuda_backend *)be;
   int64_t H = x.cols, I = gate.rows, O = out.cols;
-  LKS_TRY(mm_check(gate, H));
-  LKS_TRY(mm_check(up_w, H));
-  LKS_TRY(mm_check(down_w, I));
+  LKS_TRY(lks_weight_check(gate, H));
+  LKS_TRY(lks_weight_check(up_w, H));
+  LKS_TRY(lks_weight_check(down_w, I));
   if (up_w.rows != I || down_w.rows != O)
     return lks_set_error(LKS_ESHAPE, "expert: gate/up/down shapes disagree");
   if (n <= 0) return 0;
