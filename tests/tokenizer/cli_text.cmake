@@ -8,20 +8,7 @@
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 
-function(run)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 300)
-  set(rc ${rc} PARENT_SCOPE)
-  set(out "${out}" PARENT_SCOPE)
-  set(err "${err}" PARENT_SCOPE)
-endfunction()
-
-function(expect cond what)
-  cmake_language(EVAL CODE "if(${cond})\n set(pass TRUE)\n else()\n set(pass FALSE)\n endif()")
-  if(NOT pass)
-    message(FATAL_ERROR "FAIL: ${what}\nrc=${rc}\nstdout:\n${out}\nstderr:\n${err}")
-  endif()
-  message(STATUS "ok: ${what}")
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/../cli/expect.cmake)
 
 set(fixture ${SRC}/tests/tokenizer/glm-fixture)
 set(model ${WORK}/model)
