@@ -14,8 +14,8 @@
 #include "core/log.h"
 #include "core/threadpool.h"
 #include "model/sample.h"
-#include "coordinator/world.h"
-#include "spec/spec.h"
+#include "coordinator/scheduler.h"
+#include "coordinator/submit.h"
 
 enum { BW_CHUNK = 4096 };  // floats; the L1-resident vector each chunk is dotted with
 
@@ -89,6 +89,53 @@ static double heartbeat_rtt(lks_world *w, int n) {
   return m;
 }
 
+// The times of a run's first and last tokens, and rank 0's time split when the first came.
+typedef struct {
+  lks_world *w;
+  double t_first, t_last, ctl0, exec0, comm0;
+  int n;
+} bench_clock;
+
+static void bench_token(void *ctx, int32_t tok, bool eos) {
+  (void)tok, (void)eos;
+  bench_clock *c = ctx;
+  c->t_last = lks_now();
+  if (c->n++ == 0) {
+    c->t_first = c->t_last;
+    c->ctl0 = c->w->t_control;
+    c->exec0 = c->w->t_exec;
+    c->comm0 = c->w->t_comm;
+  }
+}
+
+// One sequence of n_gen tokens after the prompt, through a scheduler made with options o; its
+// speculation statistics into *st when st is set.
+static int bench_run(lks_world *w, const lks_sched_opts *o, const int32_t *tok, int n_pre,
+                     int n_gen, bench_clock *c, lks_spec_stats *st) {
+  lks_sched *sched = lks_sched_new(w, NULL, o);
+  if (!sched) return -1;
+  lks_req_params p = {0};
+  p.prompt = malloc((size_t)n_pre * sizeof *p.prompt);
+  if (!p.prompt) {
+    lks_sched_free(sched);
+    return lks_set_error(LKS_ENOMEM, "out of memory");
+  }
+  memcpy(p.prompt, tok, (size_t)n_pre * sizeof *tok);
+  p.n_prompt = n_pre;
+  p.max_tokens = n_gen;
+  p.ignore_eos = true;
+  p.on_token = bench_token;
+  p.on_token_ctx = c;
+  int rc = lks_sched_run_one(sched, &p);
+  if (rc == 0 && st) {
+    lks_sched_stats ss;
+    lks_sched_stats_get(sched, &ss);
+    *st = ss.spec;
+  }
+  lks_sched_free(sched);
+  return rc;
+}
+
 int lks_cmd_bench(lks_settings *s) {
   int threads = (int)lks_settings_int(s, "threads");
   if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -117,60 +164,54 @@ int lks_cmd_bench(lks_settings *s) {
   lks_rng rng;
   lks_rng_seed(&rng, 1);
   for (int i = 0; i < len; i++) tok[i] = (int32_t)(lks_rng_next(&rng) % (uint64_t)c->vocab);
+  // Every run goes through the scheduler, the decoding loop `serve` and `generate` run: the
+  // prompt prefilled in one step, then one step per token.
+  lks_sched_opts so;
+  lks_sched_opts_from(s, &so);
+  so.chunk = n_pre;
+  so.max_queue = 1;
   for (int r = 0; r < reps; r++) {
-    int32_t next;
-    const uint32_t slot0 = 0;
-    lks_engine_out out;
-    if (lks_world_slots(w, LOCKSTEP__CMD_TYPE__EP_CMD_ALLOC_SLOT, &slot0, 1) < 0) goto fail;
+    bench_clock bc = {w, 0, 0, 0, 0, 0, 0};
+    snprintf(so.spec, sizeof so.spec, "off");
     double t0 = lks_now();
-    if (lks_world_forward1(w, LOCKSTEP__CMD_TYPE__EP_CMD_PREFILL, 0, tok, n_pre, 0, false, false,
-                           false, &out) < 0)
-      goto fail;
-    next = out.tokens[0];
-    tp[r] = lks_now() - t0;
-    double c0 = w->t_control, e0 = w->t_exec, m0 = w->t_comm;
-    t0 = lks_now();
-    for (int i = 0; i < n_dec; i++) {
-      if (lks_world_forward1(w, LOCKSTEP__CMD_TYPE__EP_CMD_DECODE, 0, &next, 1, n_pre + i, false,
-                             false, false, &out) < 0)
-        goto fail;
-      next = out.tokens[0];
-    }
-    td[r] = lks_now() - t0;
-    ctl += (w->t_control - c0) / n_dec / reps;
-    exec += (w->t_exec - e0) / n_dec / reps;
-    comm += (w->t_comm - m0) / n_dec / reps;
-    if (lks_world_slots(w, LOCKSTEP__CMD_TYPE__EP_CMD_FREE_SLOT, &slot0, 1) < 0) goto fail;
+    if (bench_run(w, &so, tok, n_pre, n_dec + 1, &bc, NULL) < 0) goto fail;
+    tp[r] = bc.t_first - t0;
+    td[r] = bc.t_last - bc.t_first;
+    ctl += (w->t_control - bc.ctl0) / n_dec / reps;
+    exec += (w->t_exec - bc.exec0) / n_dec / reps;
+    comm += (w->t_comm - bc.comm0) / n_dec / reps;
   }
-  // Speculation: the same prompt through the speculative driver, with and without the proposer.
+  // Speculation: the same prompt and length with and without the proposer.
   const char *spec = lks_settings_str(s, "spec");
   lks_spec_stats sst = {0};
   double t_plain_run = 0, t_spec_run = 0;
   if (strcmp(spec, "off") != 0) {
-    lks_proposer *prop = lks_proposer_new(spec, w);
-    if (!prop) goto fail;
-    lks_spec_opts o = {0};
-    o.k_max = (int)lks_settings_int(s, "num-drafts");
-    o.gate = lks_settings_bool(s, "spec-gate");
-    o.ignore_eos = true;
-    if (lks_ladder_parse(lks_settings_str(s, "ladder"), &o.ladder) < 0) goto fail;
     double *a = malloc((size_t)reps * sizeof *a), *b = malloc((size_t)reps * sizeof *b);
-    lks_spec_stats plain;
+    if (!a || !b) {
+      free(a);
+      free(b);
+      goto fail;
+    }
     for (int r = 0; r < reps; r++) {
+      bench_clock bc = {w, 0, 0, 0, 0, 0, 0};
       double t0 = lks_now();
-      o.proposer = NULL;
-      if (lks_spec_generate(w, tok, n_pre, n_dec, &o, &plain) < 0) goto fail;
+      snprintf(so.spec, sizeof so.spec, "off");
+      int rc1 = bench_run(w, &so, tok, n_pre, n_dec, &bc, NULL);
       a[r] = lks_now() - t0;
       t0 = lks_now();
-      o.proposer = prop;
-      if (lks_spec_generate(w, tok, n_pre, n_dec, &o, &sst) < 0) goto fail;
+      snprintf(so.spec, sizeof so.spec, "%s", spec);
+      int rc2 = rc1 < 0 ? rc1 : bench_run(w, &so, tok, n_pre, n_dec, &bc, &sst);
       b[r] = lks_now() - t0;
+      if (rc2 < 0) {
+        free(a);
+        free(b);
+        goto fail;
+      }
     }
     t_plain_run = median(a, reps);
     t_spec_run = median(b, reps);
     free(a);
     free(b);
-    lks_proposer_free(prop);
   }
   double rtt = heartbeat_rtt(w, 200);
   lks_model_stats st;

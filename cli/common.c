@@ -7,7 +7,7 @@
 
 #include "cli/cli.h"
 #include "core/clock.h"
-#include "coordinator/world.h"
+#include "worker/world.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "worker/worker.h"

@@ -6,7 +6,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
-#include "coordinator/world.h"
+#include "worker/world.h"
 #include "worker/worker.h"
 #include "core/comm.h"
 #include "core/error.h"

@@ -14,7 +14,7 @@
 #include "cli/cli.h"
 #include "coordinator/http.h"
 #include "coordinator/scheduler.h"
-#include "coordinator/world.h"
+#include "worker/world.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -63,8 +63,8 @@ int lks_cmd_serve(lks_settings *s) {
   int rc = 1;
   lks_tokenizer *tok = lks_tokenizer_load(dir);
   if (!tok) LKS_LOG(LKS_LOG_WARN, "no tokenizer (%s): only token-id prompts", lks_last_error());
-  lks_sched_opts o = {(int)lks_settings_int(s, "max-queue"), (int)lks_settings_int(s, "prefill-chunk"),
-                      (int)lks_settings_int(s, "max-seq-len"), lks_settings_float(s, "drain-grace")};
+  lks_sched_opts o;
+  lks_sched_opts_from(s, &o);
   lks_sched *sched = lks_sched_new(w, tok, &o);
   char name[512];
   lks_http *http = sched ? lks_http_start(s, sched, w, tok, base_name(dir, name, sizeof name)) : NULL;

@@ -561,17 +561,17 @@ static enum MHD_Result metrics(lks_http *h, struct MHD_Connection *c) {
   fprintf(f, "# HELP lockstep_spec_drafts_proposed_total Drafts proposed, by position in the round\n"
              "# TYPE lockstep_spec_drafts_proposed_total counter\n");
   for (int i = 0; i < 16; i++)
-    if (st.proposed[i])
+    if (st.spec.proposed[i])
       fprintf(f, "lockstep_spec_drafts_proposed_total{position=\"%d\"} %llu\n", i + 1,
-              (unsigned long long)st.proposed[i]);
+              (unsigned long long)st.spec.proposed[i]);
   fprintf(f, "# HELP lockstep_spec_drafts_accepted_total Drafts accepted, by position in the round\n"
              "# TYPE lockstep_spec_drafts_accepted_total counter\n");
   for (int i = 0; i < 16; i++)
-    if (st.proposed[i])
+    if (st.spec.proposed[i])
       fprintf(f, "lockstep_spec_drafts_accepted_total{position=\"%d\"} %llu\n", i + 1,
-              (unsigned long long)st.accepted[i]);
+              (unsigned long long)st.spec.accepted[i]);
   fprintf(f, "# TYPE lockstep_spec_verify_rounds_total counter\nlockstep_spec_verify_rounds_total %llu\n",
-          (unsigned long long)st.verify_rounds);
+          (unsigned long long)st.spec.rounds);
   fprintf(f, "# HELP lockstep_rank_up Whether each rank is alive and in step (1) or not (0)\n"
              "# TYPE lockstep_rank_up gauge\n");
   bool up = lks_sched_healthy(h->sched);
@@ -657,7 +657,8 @@ static enum MHD_Result admin(lks_http *h, struct MHD_Connection *c, const char *
       if (!json_object_get(o, "speculation")) spec = st.speculation;
       json_t *lad = json_object_get(o, "ladder");
       if (lad && !json_is_string(lad)) return fail(h, c, 400, "ladder", "'ladder' must be a string");
-      lks_sched_set_levers(h->sched, spec, (int)k, lad ? json_string_value(lad) : st.ladder);
+      if (lks_sched_set_levers(h->sched, spec, (int)k, lad ? json_string_value(lad) : st.ladder) < 0)
+        return fail(h, c, 400, "ladder", "%s", lks_last_error());
     }
     lks_sched_stats st;
     lks_sched_stats_get(h->sched, &st);

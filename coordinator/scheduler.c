@@ -1,18 +1,26 @@
 // SPDX-License-Identifier: MIT
-// Continuous batching (see scheduler.h).
+// Continuous batching, the one decoding loop (see scheduler.h).
+//
+// A step runs in named phases, each a function below: admit (free finished slots, take queued
+// requests, fix the levers for this step), announce (FREE_SLOT, ALLOC_SLOT, SET_LEVERS), propose
+// (drafts for the running sequences, or the drafter's catch-up), forward (one command of prefill
+// chunks, decode rows and verify rows), accept (pick tokens, accept drafts, COMMIT what is kept)
+// and emit (hand the tokens to the requests). The arrays a step needs are sized from
+// --max-slots when the scheduler is made; nothing large lives on the stack.
 #include "coordinator/scheduler.h"
 
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "coordinator/submit.h"
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "spec/spec.h"
 
 static void deadline_in(struct timespec *ts, double s) {
   clock_gettime(CLOCK_REALTIME, ts);
@@ -39,13 +47,47 @@ struct lks_req {
   int slot, n_fed;
   int32_t last;
   int32_t *hist;  // prompt + generated, for the proposer
-  int n_hist;
+  int n_hist, cap_hist;
   lks_spec_seq seq;  // the proposer's view of this sequence
-  lks_rng rng;
   lks_detok *detok;
   double t_submit, t_last;
   lks_req *next;
 };
+
+// The levers one step runs under: fixed at the step's start, sent to every rank with that step.
+typedef struct levers {
+  bool speculation;
+  int n_drafts;
+  char ladder[LKS_LADDER_TEXT];
+  lks_ladder parsed;
+} levers;
+
+// One sequence's part of a step's forward (scheduler thread).
+typedef struct row_plan {
+  lks_req *r;
+  int nd;      // drafts verified after the last token (0: a decode row or a prefill chunk)
+  bool emits;  // the row's output is a token (the last prefill chunk, a decode or verify row)
+  // Filled by accept: the tokens to emit (accepted drafts, then the bonus).
+  int32_t out[LKS_MAX_DRAFTS + 1];
+  int n_out;
+} row_plan;
+
+// Working memory of one step, sized from --max-slots.
+typedef struct step_mem {
+  uint32_t *to_free, *to_alloc;   // [n_slots]
+  lks_spec_seq **dseq;            // [n_slots] sequences past their prefill
+  lks_req **dreq;                 // [n_slots]
+  int32_t *drafts;                // [n_slots * LKS_MAX_DRAFTS]
+  int *n_d;                       // [n_slots] drafts per decode sequence
+  Lockstep__SlotTokens *st;       // [n_slots] the forward's sequences
+  Lockstep__SlotTokens **seqs;    // [n_slots]
+  row_plan *rows;                 // [n_slots]
+  int32_t *tok;                   // [n_slots * (LKS_MAX_DRAFTS + 1)] decode and verify rows
+  uint32_t *c_slot, *c_keep;      // [n_slots] the commit
+  lks_spec_seq **sub;             // [n_slots] the sequences of one propose or catch-up
+  int *idx, *ntmp;                // [n_slots]
+  int32_t *dtmp;                  // [n_slots * LKS_MAX_DRAFTS] one propose's drafts
+} step_mem;
 
 struct lks_sched {
   lks_world *w;
@@ -56,17 +98,17 @@ struct lks_sched {
   lks_req *q_head, *q_tail;
   int q_len;
   lks_req **slot;  // [n_slots]
-  int n_slots;
+  int n_slots, vocab;
   bool stopping, draining, failed;
   double stop_at;  // when the drain began
-  bool levers_pending, speculation;
-  int n_drafts;
-  char ladder[64];
+  // Levers: `wanted` is what /admin asked for (under mu), `now` what the last step ran under
+  // (scheduler thread only; what stats report, under mu).
+  levers wanted, now;
+  bool levers_pending;
   lks_sched_stats st;
-  float *logits;  // scratch
-  lks_proposer *proposer;  // --spec: NULL when off
-  lks_ladder ladder_parsed;
-  float *p_rows, *q;       // rejection sampling scratch
+  lks_proposer *proposer;  // NULL when speculation is off
+  lks_gate gate;
+  step_mem m;
 };
 
 static void hist_init(lks_hist *h, const double *le) {
@@ -81,40 +123,109 @@ static void hist_add(lks_hist *h, double v) {
   h->n++;
 }
 
+void lks_sched_opts_from(const lks_settings *s, lks_sched_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->max_queue = (int)lks_settings_int(s, "max-queue");
+  o->chunk = (int)lks_settings_int(s, "prefill-chunk");
+  o->max_len = (int)lks_settings_int(s, "max-seq-len");
+  o->drain_grace = lks_settings_float(s, "drain-grace");
+  snprintf(o->spec, sizeof o->spec, "%s", lks_settings_str(s, "spec"));
+  o->n_drafts = (int)lks_settings_int(s, "num-drafts");
+  snprintf(o->ladder, sizeof o->ladder, "%s", lks_settings_str(s, "ladder"));
+  o->gate = lks_settings_bool(s, "spec-gate");
+}
+
+static int submit_for_proposer(void *ctx, Lockstep__Command *cmd, const int32_t **tokens) {
+  lks_engine_out out = {0};
+  LKS_TRY(lks_world_submit(ctx, cmd, &out));
+  *tokens = out.tokens;
+  return 0;
+}
+
+static int mem_new(step_mem *m, int n) {
+  size_t N = (size_t)n, R = (size_t)(LKS_MAX_DRAFTS + 1);
+  m->to_free = calloc(N, sizeof *m->to_free);
+  m->to_alloc = calloc(N, sizeof *m->to_alloc);
+  m->dseq = calloc(N, sizeof *m->dseq);
+  m->dreq = calloc(N, sizeof *m->dreq);
+  m->drafts = calloc(N * LKS_MAX_DRAFTS, sizeof *m->drafts);
+  m->n_d = calloc(N, sizeof *m->n_d);
+  m->st = calloc(N, sizeof *m->st);
+  m->seqs = calloc(N, sizeof *m->seqs);
+  m->rows = calloc(N, sizeof *m->rows);
+  m->tok = calloc(N * R, sizeof *m->tok);
+  m->c_slot = calloc(N, sizeof *m->c_slot);
+  m->c_keep = calloc(N, sizeof *m->c_keep);
+  m->sub = calloc(N, sizeof *m->sub);
+  m->idx = calloc(N, sizeof *m->idx);
+  m->ntmp = calloc(N, sizeof *m->ntmp);
+  m->dtmp = calloc(N * LKS_MAX_DRAFTS, sizeof *m->dtmp);
+  bool ok = m->to_free && m->to_alloc && m->dseq && m->dreq && m->drafts && m->n_d && m->st &&
+            m->seqs && m->rows && m->tok && m->c_slot && m->c_keep &&
+            m->sub && m->idx && m->ntmp && m->dtmp;
+  return ok ? 0 : lks_set_error(LKS_ENOMEM, "scheduler: out of memory for %d slots", n);
+}
+
+static void mem_free(step_mem *m) {
+  free(m->to_free);
+  free(m->to_alloc);
+  free(m->dseq);
+  free(m->dreq);
+  free(m->drafts);
+  free(m->n_d);
+  free(m->st);
+  free(m->seqs);
+  free(m->rows);
+  free(m->tok);
+  free(m->c_slot);
+  free(m->c_keep);
+  free(m->sub);
+  free(m->idx);
+  free(m->ntmp);
+  free(m->dtmp);
+}
+
+static void slot_release(lks_sched *s, int i);
+static void req_unref(lks_req *r);
+
 lks_sched *lks_sched_new(lks_world *w, const lks_tokenizer *tok, const lks_sched_opts *o) {
   lks_sched *s = calloc(1, sizeof *s);
   if (!s) return NULL;
   s->w = w;
   s->tok = tok;
   s->o = *o;
-  s->n_slots = (int)lks_settings_int(w->settings, "max-slots");
-  s->slot = calloc((size_t)s->n_slots, sizeof *s->slot);
-  s->logits = malloc((size_t)s->n_slots * (size_t)lks_model_config(w->model)->vocab * sizeof(float));
-  if (!s->slot || !s->logits) {
-    lks_sched_free(s);
-    return NULL;
-  }
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
+  s->n_slots = (int)lks_settings_int(w->settings, "max-slots");
+  s->vocab = lks_model_config(w->model)->vocab;
+  s->slot = calloc((size_t)s->n_slots, sizeof *s->slot);
+  if (!s->slot) {
+    lks_set_error(LKS_ENOMEM, "scheduler: out of memory");
+    goto fail;
+  }
+  if (mem_new(&s->m, s->n_slots) < 0) goto fail;
   static const double lat[LKS_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                                0.1,   0.25,   0.5,   1,    2.5,   10};
   hist_init(&s->st.ttft, lat);
   hist_init(&s->st.itl, lat);
   hist_init(&s->st.step, lat);
   s->st.slots = s->n_slots;
-  s->n_drafts = (int)lks_settings_int(w->settings, "num-drafts");
-  const char *spec = lks_settings_str(w->settings, "spec");
-  snprintf(s->ladder, sizeof s->ladder, "%s", lks_settings_str(w->settings, "ladder"));
-  if (lks_ladder_parse(s->ladder, &s->ladder_parsed) < 0) goto fail;
-  if (strcmp(spec, "off") != 0) {
-    s->proposer = lks_proposer_new(spec, w);
-    if (!s->proposer) goto fail;
-    s->speculation = true;
+  if (o->n_drafts < 0 || o->n_drafts > LKS_MAX_DRAFTS) {
+    lks_set_error(LKS_EINVAL, "--num-drafts %d: expected 0..%d", o->n_drafts, LKS_MAX_DRAFTS);
+    goto fail;
   }
-  int V = lks_model_config(w->model)->vocab;
-  s->p_rows = malloc((size_t)(LKS_MAX_DRAFTS + 1) * V * sizeof(float));
-  s->q = calloc((size_t)V, sizeof(float));
-  if (!s->p_rows || !s->q) goto fail;
+  s->now.n_drafts = o->n_drafts;
+  snprintf(s->now.ladder, sizeof s->now.ladder, "%s", o->ladder);
+  if (lks_ladder_parse(s->now.ladder, &s->now.parsed) < 0) goto fail;
+  if (strcmp(o->spec, "off") != 0 && o->spec[0]) {
+    lks_submitter sub = {submit_for_proposer, w};
+    s->proposer = lks_proposer_new(o->spec, w->model, sub);
+    if (!s->proposer) goto fail;
+    s->now.speculation = true;
+  }
+  s->wanted = s->now;
+  lks_gate_init(&s->gate, o->gate);
+  s->st.spec.k_max = s->proposer ? o->n_drafts : 0;
   return s;
 fail:
   lks_sched_free(s);
@@ -123,11 +234,19 @@ fail:
 
 void lks_sched_free(lks_sched *s) {
   if (!s) return;
+  // Requests still held (a failed world, or a caller that stops early) are let go here.
+  for (int i = 0; s->slot && i < s->n_slots; i++)
+    if (s->slot[i]) slot_release(s, i);
+  while (s->q_head) {
+    lks_req *r = s->q_head;
+    s->q_head = r->next;
+    req_unref(r);
+  }
   lks_proposer_free(s->proposer);
-  free(s->p_rows);
-  free(s->q);
+  mem_free(&s->m);
   free(s->slot);
-  free(s->logits);
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->cv);
   free(s);
 }
 
@@ -160,6 +279,13 @@ void lks_req_cancel(lks_req *r) {
   pthread_mutex_unlock(&r->mu);
 }
 
+bool lks_req_finished(lks_req *r) {
+  pthread_mutex_lock(&r->mu);
+  bool f = r->done || r->failed;
+  pthread_mutex_unlock(&r->mu);
+  return f;
+}
+
 lks_req *lks_sched_submit(lks_sched *s, lks_req_params *p, int *err) {
   *err = 0;
   lks_req *r = calloc(1, sizeof *r);
@@ -178,7 +304,6 @@ lks_req *lks_sched_submit(lks_sched *s, lks_req_params *p, int *err) {
   }
   r->slot = -1;
   r->t_submit = lks_clock();
-  lks_rng_seed(&r->rng, r->p.seed);
   r->detok = s->tok ? lks_detok_new(s->tok, true) : NULL;
   pthread_mutex_lock(&s->mu);
   if (s->failed || s->stopping) {
@@ -243,6 +368,30 @@ static void req_append(lks_req *r, const char *t, size_t n) {
   r->text[r->len] = '\0';
 }
 
+// The new token's text, and the stop strings and length limit it may hit (under r->mu).
+static void req_text(lks_req *r, int32_t tok) {
+  const char *piece = NULL;
+  size_t n = 0;
+  size_t before = r->len;
+  if (r->detok && lks_detok_push(r->detok, tok, &piece, &n) == 0 && n) req_append(r, piece, n);
+  // Stop strings: search the new text and the tail before it that a stop could straddle.
+  for (int i = 0; i < r->p.n_stop && !r->done; i++) {
+    size_t from = before > (size_t)r->max_stop ? before - (size_t)r->max_stop : 0;
+    char *hit = r->len ? strstr(r->text + from, r->p.stop[i]) : NULL;
+    if (hit) {
+      r->len = (size_t)(hit - r->text);
+      r->text[r->len] = '\0';
+      r->done = true;
+      r->finish = "stop";
+    }
+  }
+  if (!r->done && r->n_generated >= r->p.max_tokens) {
+    if (r->detok && lks_detok_flush(r->detok, &piece, &n) == 0 && n) req_append(r, piece, n);
+    r->done = true;
+    r->finish = "length";
+  }
+}
+
 // A generated token for a request (scheduler thread). Returns true when the request finished.
 static bool req_emit(lks_sched *s, lks_req *r, int32_t tok) {
   const lks_config *c = lks_model_config(s->w->model);
@@ -253,8 +402,10 @@ static bool req_emit(lks_sched *s, lks_req *r, int32_t tok) {
   else
     hist_add(&s->st.itl, t - r->t_last);
   s->st.generated_tokens++;
+  s->st.spec.emitted++;
   pthread_mutex_unlock(&s->mu);
   r->t_last = t;
+  if (r->hist && r->n_hist < r->cap_hist) r->hist[r->n_hist++] = tok;
   pthread_mutex_lock(&r->mu);
   int32_t *ids = realloc(r->ids, (size_t)(r->n_generated + 1) * sizeof *ids);
   if (ids) {
@@ -264,30 +415,12 @@ static bool req_emit(lks_sched *s, lks_req *r, int32_t tok) {
   r->n_generated++;
   bool eos = false;
   for (int i = 0; i < c->n_eos; i++) eos |= tok == c->eos[i];
-  if (eos && !r->p.ignore_eos) {
+  eos = eos && !r->p.ignore_eos;
+  if (eos) {
     r->done = true;
     r->finish = "stop";
   } else {
-    const char *piece = NULL;
-    size_t n = 0;
-    size_t before = r->len;
-    if (r->detok && lks_detok_push(r->detok, tok, &piece, &n) == 0 && n) req_append(r, piece, n);
-    // Stop strings: search the new text and the tail before it that a stop could straddle.
-    for (int i = 0; i < r->p.n_stop && !r->done; i++) {
-      size_t from = before > (size_t)r->max_stop ? before - (size_t)r->max_stop : 0;
-      char *hit = r->len ? strstr(r->text + from, r->p.stop[i]) : NULL;
-      if (hit) {
-        r->len = (size_t)(hit - r->text);
-        r->text[r->len] = '\0';
-        r->done = true;
-        r->finish = "stop";
-      }
-    }
-    if (!r->done && r->n_generated >= r->p.max_tokens) {
-      if (r->detok && lks_detok_flush(r->detok, &piece, &n) == 0 && n) req_append(r, piece, n);
-      r->done = true;
-      r->finish = "length";
-    }
+    req_text(r, tok);
   }
   // Text that could still be the start of a stop string is held back until it cannot.
   size_t safe = r->done || r->max_stop == 0 ? r->len
@@ -296,6 +429,7 @@ static bool req_emit(lks_sched *s, lks_req *r, int32_t tok) {
   bool done = r->done || r->cancelled;
   pthread_cond_broadcast(&r->cv);
   pthread_mutex_unlock(&r->mu);
+  if (r->p.on_token) r->p.on_token(r->p.on_token_ctx, tok, eos);
   return done;
 }
 
@@ -309,13 +443,39 @@ static void req_fail(lks_req *r, const char *why) {
   pthread_mutex_unlock(&r->mu);
 }
 
-// ---- commands ----
+// ---- the phases of a step ----
 
-// One step: free finished slots, admit queued requests, run one forward of prefill chunks and
-// decode rows, hand out the tokens. Returns 1 when it did work, 0 when idle, or an error.
-static int step(lks_sched *s) {
-  uint32_t to_free[4096], to_alloc[4096];
-  int n_free = 0, n_alloc = 0;
+// Takes slot i's request: the slot is free again at the next FREE_SLOT.
+static void slot_release(lks_sched *s, int i) {
+  lks_req *r = s->slot[i];
+  s->slot[i] = NULL;
+  s->st.requests_done++;
+  if (r->seq.state) s->proposer->ops->free_state(s->proposer, r->seq.state);
+  r->seq.state = NULL;
+  req_unref(r);
+}
+
+// A queued request takes slot i (under s->mu).
+static void slot_take(lks_sched *s, lks_req *r, int i) {
+  r->slot = i;
+  s->slot[i] = r;
+  // Every position the sequence may hold, and the drafts of a last verify.
+  int64_t cap = (int64_t)r->p.n_prompt + r->p.max_tokens;
+  if (cap > s->o.max_len) cap = s->o.max_len;
+  r->cap_hist = (int)cap + LKS_MAX_DRAFTS + 2;
+  r->hist = malloc((size_t)r->cap_hist * sizeof *r->hist);
+  if (r->hist) memcpy(r->hist, r->p.prompt, (size_t)r->p.n_prompt * sizeof *r->hist);
+  r->n_hist = r->p.n_prompt;
+  r->seq = (lks_spec_seq){i, r->hist, r->n_hist, NULL};
+  if (s->proposer) r->seq.state = s->proposer->ops->alloc_state(s->proposer, i);
+  s->st.prompt_tokens += (uint64_t)r->p.n_prompt;
+}
+
+// Admit: finished slots out, queued requests in, this step's levers fixed. Returns whether the
+// levers changed (they go out with this step).
+static bool admit(lks_sched *s, int *n_free, int *n_alloc) {
+  step_mem *m = &s->m;
+  *n_free = *n_alloc = 0;
   pthread_mutex_lock(&s->mu);
   for (int i = 0; i < s->n_slots; i++) {
     lks_req *r = s->slot[i];
@@ -325,12 +485,8 @@ static int step(lks_sched *s) {
     if (r->cancelled && !r->done) s->st.requests_cancelled++;
     pthread_mutex_unlock(&r->mu);
     if (over) {
-      to_free[n_free++] = (uint32_t)i;
-      s->slot[i] = NULL;
-      s->st.requests_done++;
-      if (r->seq.state) s->proposer->ops->free_state(s->proposer, r->seq.state);
-      r->seq.state = NULL;
-      req_unref(r);
+      m->to_free[(*n_free)++] = (uint32_t)i;
+      slot_release(s, i);
     }
   }
   for (int i = 0; i < s->n_slots && s->q_head; i++) {
@@ -349,101 +505,246 @@ static int step(lks_sched *s) {
       i--;
       continue;
     }
-    r->slot = i;
-    s->slot[i] = r;
-    r->hist = malloc((size_t)(r->p.n_prompt + r->p.max_tokens + LKS_MAX_DRAFTS + 2) * sizeof *r->hist);
-    if (r->hist) memcpy(r->hist, r->p.prompt, (size_t)r->p.n_prompt * sizeof *r->hist);
-    r->n_hist = r->p.n_prompt;
-    r->seq = (lks_spec_seq){i, r->hist, r->n_hist, NULL};
-    if (s->proposer) r->seq.state = s->proposer->ops->alloc_state(s->proposer, i);
-    s->st.prompt_tokens += (uint64_t)r->p.n_prompt;
-    to_alloc[n_alloc++] = (uint32_t)i;
+    slot_take(s, r, i);
+    m->to_alloc[(*n_alloc)++] = (uint32_t)i;
   }
-  bool levers = s->levers_pending;
+  bool changed = s->levers_pending;
   s->levers_pending = false;
-  Lockstep__Levers lv = LOCKSTEP__LEVERS__INIT;
-  lv.speculation = s->speculation;
-  lv.n_drafts = (uint32_t)s->n_drafts;
-  lv.ladder = s->ladder;
+  if (changed) s->now = s->wanted;
   pthread_mutex_unlock(&s->mu);
+  return changed;
+}
 
-  LKS_TRY(lks_world_slots(s->w, LOCKSTEP__CMD_TYPE__EP_CMD_FREE_SLOT, to_free, n_free));
-  LKS_TRY(lks_world_slots(s->w, LOCKSTEP__CMD_TYPE__EP_CMD_ALLOC_SLOT, to_alloc, n_alloc));
-  if (levers) {
-    Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
-    cmd.type = LOCKSTEP__CMD_TYPE__EP_CMD_SET_LEVERS;
-    cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_LEVERS;
-    cmd.levers = &lv;
-    LKS_TRY(lks_world_submit(s->w, &cmd, NULL));
-  }
+// Announce: the slot changes and the levers, on every rank, before this step's forward.
+static int announce(lks_sched *s, int n_free, int n_alloc, bool levers) {
+  LKS_TRY(lks_world_slots(s->w, LOCKSTEP__CMD_TYPE__EP_CMD_FREE_SLOT, s->m.to_free, n_free));
+  LKS_TRY(lks_world_slots(s->w, LOCKSTEP__CMD_TYPE__EP_CMD_ALLOC_SLOT, s->m.to_alloc, n_alloc));
+  if (!levers) return 0;
+  Lockstep__Levers lv = LOCKSTEP__LEVERS__INIT;
+  lv.speculation = s->now.speculation;
+  lv.n_drafts = (uint32_t)s->now.n_drafts;
+  lv.ladder = s->now.ladder;
+  Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
+  cmd.type = LOCKSTEP__CMD_TYPE__EP_CMD_SET_LEVERS;
+  cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_LEVERS;
+  cmd.levers = &lv;
+  return lks_world_submit(s->w, &cmd, NULL);
+}
 
-  // Speculation for this step: drafts for every sequence past its prefill, at the ladder's
-  // count for the batch width (0: plain decode rows, after the drafter's catch-up).
+// Propose: drafts for every sequence past its prefill, at the ladder's count for the batch width
+// (0 while the gate holds speculation off), for the sequences with room for them (the verify rows
+// L..L+k must fit in --max-seq-len); the sequences that draft nothing this step have the drafter
+// catch up instead. Returns the number of decode sequences (m->dreq); m->n_d[i] is each one's
+// draft count and m->drafts + i * LKS_MAX_DRAFTS its drafts.
+static int propose(lks_sched *s, int *k_out) {
+  step_mem *m = &s->m;
   lks_proposer *pr = s->proposer;
-  bool hidden = pr && pr->ops->needs_hidden;
-  lks_spec_seq *dseq[4096];
-  lks_req *dreq[4096];
   int n_dec = 0;
   for (int i = 0; i < s->n_slots; i++) {
     lks_req *r = s->slot[i];
     if (r && r->n_fed >= r->p.n_prompt && r->n_generated > 0) {
       r->seq.history = r->hist;
       r->seq.n_history = r->n_hist;
-      dseq[n_dec] = &r->seq;
-      dreq[n_dec++] = r;
+      m->n_d[n_dec] = 0;
+      m->dseq[n_dec] = &r->seq;
+      m->dreq[n_dec++] = r;
     }
   }
-  pthread_mutex_lock(&s->mu);
-  int k = pr && s->speculation && n_dec ? lks_ladder_k(&s->ladder_parsed, n_dec, s->n_drafts) : 0;
-  pthread_mutex_unlock(&s->mu);
-  static int32_t drafts[4096 * LKS_MAX_DRAFTS];
-  int n_d[4096] = {0};
-  if (k > 0) {
-    LKS_TRY(pr->ops->propose_batch(pr, dseq, n_dec, k, drafts, n_d));
-  } else if (pr && pr->ops->catchup && n_dec) {
-    LKS_TRY(pr->ops->catchup(pr, dseq, n_dec));
+  int k = pr && s->now.speculation && n_dec && lks_gate_allows(&s->gate)
+              ? lks_ladder_k(&s->now.parsed, n_dec, s->now.n_drafts) : 0;
+  *k_out = k;
+  if (!pr || n_dec == 0) return n_dec;
+  int n_draft = 0, n_rest = 0;
+  for (int i = 0; i < n_dec; i++)
+    if (k > 0 && m->dreq[i]->n_fed + k < s->o.max_len) m->idx[n_draft++] = i;
+  if (n_draft > 0) {
+    for (int j = 0; j < n_draft; j++) m->sub[j] = m->dseq[m->idx[j]];
+    LKS_TRY(pr->ops->propose_batch(pr, m->sub, n_draft, k, m->dtmp, m->ntmp));
+    for (int j = 0; j < n_draft; j++) {
+      m->n_d[m->idx[j]] = m->ntmp[j];
+      memcpy(m->drafts + (size_t)m->idx[j] * LKS_MAX_DRAFTS, m->dtmp + (size_t)j * k,
+             (size_t)m->ntmp[j] * sizeof *m->dtmp);
+    }
   }
+  if (!pr->ops->catchup) return n_dec;
+  for (int i = 0, j = 0; i < n_dec; i++) {
+    if (j < n_draft && m->idx[j] == i) {
+      j++;
+      continue;
+    }
+    m->sub[n_rest++] = m->dseq[i];
+  }
+  if (n_rest) LKS_TRY(pr->ops->catchup(pr, m->sub, n_rest));
+  return n_dec;
+}
 
-  // The forward: prefill chunks within the budget; per running sequence one decode row, or the
-  // verify rows [last token, drafts...].
-  Lockstep__SlotTokens st[4096], *seqs[4096];
-  lks_req *owner[4096];
-  int32_t rows[4096][LKS_MAX_DRAFTS + 1];
-  int n_seqs = 0, budget = s->o.chunk, di = 0;
-  bool any_prefill = false, any_verify = false, logits = false;
+// Forward: one command over the batch: prefill chunks within the token budget, then for every
+// decode sequence its decode row or its verify rows [last token, drafts...]. Returns the number
+// of sequences in it (0: nothing to run); *any_prefill, *logits say what kind it was.
+static int forward(lks_sched *s, int n_dec, lks_engine_out *out, bool *any_prefill, bool *logits) {
+  step_mem *m = &s->m;
+  int n = 0, budget = s->o.chunk, di = 0;
+  bool any_verify = false;
+  *any_prefill = *logits = false;
   for (int i = 0; i < s->n_slots; i++) {
     lks_req *r = s->slot[i];
     if (!r) continue;
-    lockstep__slot_tokens__init(&st[n_seqs]);
-    st[n_seqs].slot = (uint32_t)i;
-    st[n_seqs].start_pos = (uint32_t)r->n_fed;
+    Lockstep__SlotTokens *st = &m->st[n];
+    row_plan *rp = &m->rows[n];
+    lockstep__slot_tokens__init(st);
+    st->slot = (uint32_t)i;
+    st->start_pos = (uint32_t)r->n_fed;
+    rp->r = r;
+    rp->nd = rp->n_out = 0;
     if (r->n_fed < r->p.n_prompt) {
       if (budget <= 0) continue;
       int left = r->p.n_prompt - r->n_fed, take = left < budget ? left : budget;
       budget -= take;
-      st[n_seqs].tokens = r->p.prompt + r->n_fed;
-      st[n_seqs].n_tokens = (size_t)take;
-      st[n_seqs].want_last = take == left;
-      any_prefill = true;
+      st->tokens = r->p.prompt + r->n_fed;
+      st->n_tokens = (size_t)take;
+      st->want_last = take == left;
+      rp->emits = st->want_last;
+      *any_prefill = true;
     } else {
-      // dreq lists the decode sequences in slot order, as this loop visits them.
-      bool mine = di < n_dec && dreq[di] == r;
-      int nd = mine ? n_d[di] : 0;
-      rows[i][0] = r->last;
-      if (nd) memcpy(rows[i] + 1, drafts + (size_t)di * k, (size_t)nd * sizeof(int32_t));
+      // m->dreq lists the decode sequences in slot order, as this loop visits them.
+      bool mine = di < n_dec && m->dreq[di] == r;
+      int nd = mine ? m->n_d[di] : 0;
+      int32_t *row = m->tok + (size_t)i * (LKS_MAX_DRAFTS + 1);
+      row[0] = r->last;
+      if (nd) memcpy(row + 1, m->drafts + (size_t)di * LKS_MAX_DRAFTS, (size_t)nd * sizeof *row);
       if (mine) di++;
-      st[n_seqs].tokens = rows[i];
-      st[n_seqs].n_tokens = (size_t)nd + 1;
-      st[n_seqs].want_all = nd > 0;
-      st[n_seqs].want_last = nd == 0;
+      st->tokens = row;
+      st->n_tokens = (size_t)nd + 1;
+      st->want_all = nd > 0;
+      st->want_last = nd == 0;
+      rp->nd = nd;
+      rp->emits = true;
       any_verify |= nd > 0;
     }
-    logits |= (st[n_seqs].want_last || st[n_seqs].want_all) && r->p.sampling.temperature > 0;
-    owner[n_seqs] = r;
-    seqs[n_seqs] = &st[n_seqs];
-    n_seqs++;
+    *logits |= rp->emits && r->p.sampling.temperature > 0;
+    m->seqs[n++] = st;
   }
-  pthread_mutex_lock(&s->mu);
+  if (n == 0) return 0;
+  Lockstep__Forward f = LOCKSTEP__FORWARD__INIT;
+  f.seqs = m->seqs;
+  f.n_seqs = (size_t)n;
+  f.output = *logits ? LOCKSTEP__OUTPUT_MODE__OUT_LOGITS : LOCKSTEP__OUTPUT_MODE__OUT_GREEDY;
+  f.mtp = s->proposer && s->proposer->ops->needs_hidden;
+  Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
+  cmd.type = any_verify     ? LOCKSTEP__CMD_TYPE__EP_CMD_VERIFY
+             : *any_prefill ? LOCKSTEP__CMD_TYPE__EP_CMD_PREFILL
+                            : LOCKSTEP__CMD_TYPE__EP_CMD_DECODE;
+  cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_FORWARD;
+  cmd.forward = &f;
+  LKS_TRY(lks_world_submit(s->w, &cmd, out));
+  s->st.spec.target_forwards++;
+  return n;
+}
+
+// The token of output row o, the request's `index`-th generated token: the arg-max, or a sample
+// under the request's settings. A sample draws from a generator seeded by (seed, index) alone,
+// so a request's tokens depend neither on its batch nor on speculation.
+static int pick(lks_sched *s, lks_req *r, const lks_engine_out *out, bool logits, int o,
+                int index, int32_t *tok) {
+  if (!logits) {
+    *tok = out->tokens[o];
+    return 0;
+  }
+  lks_rng rng;
+  uint64_t z = r->p.seed + 0x9e3779b97f4a7c15ull * (uint64_t)(index + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  lks_rng_seed(&rng, z ^ (z >> 31));
+  int t = lks_sample(out->logits + (size_t)o * s->vocab, s->vocab, &r->p.sampling, &rng);
+  if (t < 0) return t;
+  *tok = t;
+  return 0;
+}
+
+// A verify of nd drafts d at output rows o..o+nd: how many are accepted, and the bonus token
+// after them. Each row's token is picked as a plain step would pick it (the arg-max, or a sample
+// with the same per-index generator), and drafts are accepted while they equal those tokens.
+// For sampling this is the lossless rule for drafts that are the drafter's arg-max (q one-hot
+// at d): with a shared uniform u, the inverse-CDF sample equals d with probability p(d) =
+// min(1, p(d)/q(d)), and otherwise it is distributed as the residual norm(max(0, p - q)), the
+// distribution p without d. So the output equals decoding without speculation, token for token.
+static int verify(lks_sched *s, lks_req *r, const int32_t *d, int nd, const lks_engine_out *out,
+                  bool logits, int o, int32_t *bonus) {
+  int32_t target[LKS_MAX_DRAFTS + 1];
+  for (int j = 0; j <= nd; j++)
+    LKS_TRY(pick(s, r, out, logits, o + j, r->n_generated + j, &target[j]));
+  return lks_spec_accept_greedy(d, nd, target, bonus);
+}
+
+// Accept: every output row's token(s); verified sequences keep L + a + 1 positions (COMMIT rolls
+// the rejected rows back on every rank), and the proposer hears what happened.
+static int accept(lks_sched *s, int n, const lks_engine_out *out, bool logits) {
+  step_mem *m = &s->m;
+  lks_proposer *pr = s->proposer;
+  int o = 0, n_commit = 0;
+  for (int i = 0; i < n; i++) {
+    row_plan *rp = &m->rows[i];
+    lks_req *r = rp->r;
+    int L = r->n_fed, nrows = (int)m->st[i].n_tokens;
+    if (!rp->emits) {  // a prefill chunk that does not end the prompt
+      r->n_fed += nrows;
+      continue;
+    }
+    if (rp->nd == 0) {
+      int32_t tok;
+      LKS_TRY(pick(s, r, out, logits, o++, r->n_generated, &tok));
+      bool first = r->n_generated == 0;
+      r->n_fed += nrows;
+      r->last = tok;
+      if (pr && first) LKS_TRY(pr->ops->prefill(pr, &r->seq, r->p.n_prompt, tok));
+      else if (pr) LKS_TRY(pr->ops->after_decode(pr, &r->seq, L, tok));
+      rp->out[0] = tok;
+      rp->n_out = 1;
+      continue;
+    }
+    const int32_t *d = m->st[i].tokens + 1;
+    int32_t bonus = -1;
+    int a = verify(s, r, d, rp->nd, out, logits, o, &bonus);
+    if (a < 0) return a;
+    o += nrows;
+    pthread_mutex_lock(&s->mu);
+    for (int j = 0; j < rp->nd; j++) {
+      s->st.spec.proposed[j]++;
+      if (j < a) s->st.spec.accepted[j]++;
+    }
+    s->st.spec.rounds++;
+    pthread_mutex_unlock(&s->mu);
+    m->c_slot[n_commit] = (uint32_t)r->slot;
+    m->c_keep[n_commit++] = (uint32_t)(L + a + 1);
+    LKS_TRY(pr->ops->after_verify(pr, &r->seq, L, d, a, bonus));
+    r->n_fed = L + a + 1;
+    r->last = bonus;
+    memcpy(rp->out, d, (size_t)a * sizeof *d);
+    rp->out[a] = bonus;
+    rp->n_out = a + 1;
+  }
+  return lks_world_commit(s->w, m->c_slot, m->c_keep, n_commit);
+}
+
+// Emit: the tokens to their requests, in order, until a request finishes. Returns how many tokens
+// the decode and verify rows produced.
+static int emit(lks_sched *s, int n, bool *speculated) {
+  int produced = 0;
+  *speculated = false;
+  for (int i = 0; i < n; i++) {
+    row_plan *rp = &s->m.rows[i];
+    bool decode = rp->emits && rp->r->n_generated > 0;
+    *speculated |= rp->nd > 0;
+    for (int j = 0; j < rp->n_out; j++) {
+      produced += decode;
+      if (req_emit(s, rp->r, rp->out[j])) break;
+    }
+  }
+  return produced;
+}
+
+// The gauges of /metrics (under s->mu).
+static void gauges(lks_sched *s) {
   s->st.queue_depth = s->q_len;
   int used = 0;
   for (int i = 0; i < s->n_slots; i++) used += s->slot[i] != NULL;
@@ -451,111 +752,57 @@ static int step(lks_sched *s) {
   int tfree, dfree;
   lks_engine_free_blocks(s->w->engine, &tfree, &dfree);
   s->st.kv_blocks_free = tfree;
-  pthread_mutex_unlock(&s->mu);
-  if (n_seqs == 0) return n_free + n_alloc > 0;
-  Lockstep__Forward f = LOCKSTEP__FORWARD__INIT;
-  f.seqs = seqs;
-  f.n_seqs = (size_t)n_seqs;
-  f.output = logits ? LOCKSTEP__OUTPUT_MODE__OUT_LOGITS : LOCKSTEP__OUTPUT_MODE__OUT_GREEDY;
-  f.mtp = hidden;
-  Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
-  cmd.type = any_verify    ? LOCKSTEP__CMD_TYPE__EP_CMD_VERIFY
-             : any_prefill ? LOCKSTEP__CMD_TYPE__EP_CMD_PREFILL
-                           : LOCKSTEP__CMD_TYPE__EP_CMD_DECODE;
-  cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_FORWARD;
-  cmd.forward = &f;
-  lks_engine_out out;
-  double t0 = lks_clock();
-  LKS_TRY(lks_world_submit(s->w, &cmd, &out));
-  int V = lks_model_config(s->w->model)->vocab, o = 0;
-  uint32_t c_slot[4096], c_keep[4096];
-  int n_commit = 0;
-  for (int i = 0; i < n_seqs; i++) {
-    lks_req *r = owner[i];
-    int L = r->n_fed, nrows = (int)st[i].n_tokens;
-    if (!st[i].want_last && !st[i].want_all) {  // a prefill chunk that does not end the prompt
-      r->n_fed += nrows;
-      continue;
-    }
-    if (!st[i].want_all) {
-      int32_t tok;
-      if (!logits) {
-        tok = out.tokens[o];
-      } else {
-        int t = lks_sample(out.logits + (size_t)o * V, V, &r->p.sampling, &r->rng);
-        if (t < 0) return t;
-        tok = t;
-      }
-      o++;
-      bool first = r->n_generated == 0;
-      r->n_fed += nrows;
-      r->last = tok;
-      if (r->hist) r->hist[r->n_hist++] = tok;
-      if (pr && first) LKS_TRY(pr->ops->prefill(pr, &r->seq, r->p.n_prompt, tok));
-      else if (pr) LKS_TRY(pr->ops->after_decode(pr, &r->seq, L, tok));
-      req_emit(s, r, tok);
-      continue;
-    }
-    // A verify of nd drafts: accept, commit L + a + 1 positions, emit d1..da and the bonus.
-    int nd = nrows - 1, a = 0;
-    const int32_t *d = st[i].tokens + 1;
-    int32_t bonus = -1;
-    if (!logits) {
-      a = lks_spec_accept_greedy(d, nd, out.tokens + o, &bonus);
+}
+
+// The step's figures: metrics, the gate and the speculation rates (plain or speculative steps
+// without prefill rows, which would blur the rates).
+static void account(lks_sched *s, int n_dec, bool prefill, bool speculated, int produced,
+                    double dt) {
+  pthread_mutex_lock(&s->mu);
+  hist_add(&s->st.step, dt);
+  s->st.steps++;
+  gauges(s);
+  if (!prefill && n_dec > 0) {
+    lks_spec_stats *sp = &s->st.spec;
+    if (speculated) {
+      sp->t_spec += dt;
+      sp->tok_spec += (uint64_t)produced;
     } else {
-      for (int j = 0; j <= nd; j++)
-        LKS_TRY(lks_sampling_probs(out.logits + (size_t)(o + j) * V, V, &r->p.sampling, s->p_rows + (size_t)j * V));
-      for (; a < nd; a++) {
-        s->q[d[a]] = 1.0f;  // drafts are the drafter's arg-max: q is one-hot
-        int32_t t;
-        int acc = lks_spec_accept_sample(s->p_rows + (size_t)a * V, s->q, V, d[a], &r->rng, &t);
-        s->q[d[a]] = 0.0f;
-        if (acc < 0) return acc;
-        if (!acc) {
-          bonus = t;
-          break;
-        }
-      }
-      if (bonus < 0) {
-        int t = lks_sample(out.logits + (size_t)(o + nd) * V, V, &r->p.sampling, &r->rng);
-        if (t < 0) return t;
-        bonus = t;
-      }
-    }
-    o += nrows;
-    pthread_mutex_lock(&s->mu);
-    for (int j = 0; j < nd && j < LKS_MAX_DRAFTS; j++) {
-      s->st.proposed[j]++;
-      if (j < a) s->st.accepted[j]++;
-    }
-    s->st.verify_rounds++;
-    pthread_mutex_unlock(&s->mu);
-    c_slot[n_commit] = (uint32_t)r->slot;
-    c_keep[n_commit++] = (uint32_t)(L + a + 1);
-    LKS_TRY(pr->ops->after_verify(pr, &r->seq, L, d, a, bonus));
-    r->n_fed = L + a + 1;
-    r->last = bonus;
-    bool fin = false;
-    for (int j = 0; j < a && !fin; j++) {
-      if (r->hist) r->hist[r->n_hist++] = d[j];
-      fin = req_emit(s, r, d[j]);
-    }
-    if (!fin) {
-      if (r->hist) r->hist[r->n_hist++] = bonus;
-      req_emit(s, r, bonus);
+      sp->plain_steps++;
+      sp->t_plain += dt;
+      sp->tok_plain += (uint64_t)produced;
     }
   }
-  LKS_TRY(lks_world_commit(s->w, c_slot, c_keep, n_commit));
-  pthread_mutex_lock(&s->mu);
-  hist_add(&s->st.step, lks_clock() - t0);
-  s->st.steps++;
   pthread_mutex_unlock(&s->mu);
+  if (!prefill && n_dec > 0) lks_gate_record(&s->gate, speculated, produced, dt);
+}
+
+int lks_sched_step(lks_sched *s) {
+  int n_free, n_alloc, k;
+  bool levers = admit(s, &n_free, &n_alloc);
+  LKS_TRY(announce(s, n_free, n_alloc, levers));
+  double t0 = lks_clock();
+  int n_dec = propose(s, &k);
+  if (n_dec < 0) return n_dec;
+  lks_engine_out out;
+  bool prefill, logits, speculated;
+  int n = forward(s, n_dec, &out, &prefill, &logits);
+  if (n < 0) return n;
+  if (n == 0) {
+    pthread_mutex_lock(&s->mu);
+    gauges(s);
+    pthread_mutex_unlock(&s->mu);
+    return n_free + n_alloc > 0 || levers;
+  }
+  LKS_TRY(accept(s, n, &out, logits));
+  int produced = emit(s, n, &speculated);
+  account(s, n_dec, prefill, speculated, produced, lks_clock() - t0);
   return 1;
 }
 
 int lks_sched_run(lks_sched *s) {
   for (;;) {
-    int rc = step(s);
+    int rc = lks_sched_step(s);
     // While idle no command reveals a dead worker; the control plane's own check does.
     if (rc == 0 && s->w->ctl) rc = lks_ctl_poll(s->w->ctl);
     if (rc < 0) {
@@ -607,22 +854,31 @@ void lks_sched_stop(lks_sched *s, bool drain) {
 bool lks_sched_healthy(const lks_sched *s) { return !s->failed; }
 bool lks_sched_draining(const lks_sched *s) { return s->stopping; }
 
-void lks_sched_set_levers(lks_sched *s, bool speculation, int n_drafts, const char *ladder) {
+int lks_sched_set_levers(lks_sched *s, bool speculation, int n_drafts, const char *ladder) {
+  levers l = {0};
+  l.speculation = speculation;
+  l.n_drafts = n_drafts;
+  if (n_drafts < 0 || n_drafts > LKS_MAX_DRAFTS)
+    return lks_set_error(LKS_EINVAL, "num_drafts %d: expected 0..%d", n_drafts, LKS_MAX_DRAFTS);
+  if (ladder && strlen(ladder) >= sizeof l.ladder)
+    return lks_set_error(LKS_EINVAL, "ladder: longer than %zu characters", sizeof l.ladder - 1);
+  snprintf(l.ladder, sizeof l.ladder, "%s", ladder ? ladder : "");
+  LKS_TRY(lks_ladder_parse(l.ladder, &l.parsed));
   pthread_mutex_lock(&s->mu);
-  s->speculation = speculation;
-  s->n_drafts = n_drafts;
-  snprintf(s->ladder, sizeof s->ladder, "%s", ladder ? ladder : "");
+  s->wanted = l;
   s->levers_pending = true;
   pthread_cond_broadcast(&s->cv);
   pthread_mutex_unlock(&s->mu);
+  return 0;
 }
 
 void lks_sched_stats_get(lks_sched *s, lks_sched_stats *out) {
   pthread_mutex_lock(&s->mu);
   *out = s->st;
-  out->speculation = s->speculation;
-  out->n_drafts = s->n_drafts;
-  snprintf(out->ladder, sizeof out->ladder, "%s", s->ladder);
+  // The levers asked for: in force from the next step on.
+  out->speculation = s->wanted.speculation;
+  out->n_drafts = s->wanted.n_drafts;
+  snprintf(out->ladder, sizeof out->ladder, "%s", s->wanted.ladder);
   pthread_mutex_unlock(&s->mu);
 }
 
@@ -633,4 +889,26 @@ int lks_req_tokens(lks_req *r, int32_t **ids) {
   if (*ids && n) memcpy(*ids, r->ids, (size_t)n * sizeof **ids);
   pthread_mutex_unlock(&r->mu);
   return *ids ? n : 0;
+}
+
+int lks_sched_run_one(lks_sched *s, lks_req_params *p) {
+  int err;
+  lks_req *r = lks_sched_submit(s, p, &err);
+  if (!r) return lks_set_error(err, "the scheduler refused the request");
+  int rc = 0;
+  while (rc >= 0 && !lks_req_finished(r)) rc = lks_sched_step(s);
+  // One more step frees its slot on every rank.
+  if (rc >= 0) rc = lks_sched_step(s);
+  if (rc < 0 && r->slot >= 0 && s->slot[r->slot] == r) {
+    // A command refused on rank 0 before it was sent leaves the world consistent: give the slot
+    // back so that the caller can go on (after a world failure this fails too, harmlessly).
+    char why[512];
+    snprintf(why, sizeof why, "%s", lks_last_error());
+    uint32_t slot = (uint32_t)r->slot;
+    slot_release(s, r->slot);
+    lks_world_slots(s->w, LOCKSTEP__CMD_TYPE__EP_CMD_FREE_SLOT, &slot, 1);
+    lks_set_error(rc, "%s", why);
+  }
+  lks_req_release(r);
+  return rc < 0 ? rc : 0;
 }

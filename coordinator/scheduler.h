@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: MIT
 // The scheduler (DESIGN.md section 8): continuous batching of requests over a fixed number of
-// sequence slots. It runs on rank 0's main thread, the only thread that submits commands to the
-// world; HTTP connection threads hand it requests and read their output through lks_req, which
-// is shared (reference-counted) between the two sides. Each step mixes prefill chunks of new
-// sequences (up to a token budget) with one decode row of every running sequence, in one forward
-// command that every rank runs.
+// sequence slots, and the one decoding loop of lockstep: `serve` runs it on rank 0's main thread
+// (lks_sched_run) while HTTP threads submit; `generate`, `bench` and the speculative tests submit
+// their sequences to it and step it themselves (lks_sched_step). Only its thread submits commands
+// to the world; lks_req is shared (reference-counted) between the submitting side and it. Each
+// step mixes prefill chunks of new sequences (up to a token budget) with one decode row of every
+// running sequence, or its verify rows [last token, drafts...] when it speculates, in one forward
+// command that every rank runs; drafts, acceptance, the ladder, the gate, the levers and the
+// statistics exist here once.
 //
 // A bounded queue stands in front of the slots: submitting to a full queue fails with LKS_EFULL
 // (HTTP 429), to a draining or failed scheduler with LKS_EBACKEND (HTTP 503). A request whose
@@ -15,9 +18,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "coordinator/world.h"
+#include "core/settings.h"
 #include "model/sample.h"
 #include "model/tokenizer.h"
+#include "spec/spec.h"
+#include "worker/world.h"
 
 typedef struct lks_sched lks_sched;
 typedef struct lks_req lks_req;
@@ -31,6 +36,10 @@ typedef struct lks_req_params {
   char **stop;      // stop strings (owned by the request after submit), n_stop of them
   int n_stop;
   bool ignore_eos;
+  // Optional: called on the scheduler's thread for each generated token, in order (eos: the
+  // token ends the sequence). For callers that step the scheduler themselves.
+  void (*on_token)(void *ctx, int32_t tok, bool eos);
+  void *on_token_ctx;
 } lks_req_params;
 
 // What the HTTP side reads: the text produced since its last read, and where the request is.
@@ -49,8 +58,19 @@ typedef struct lks_sched_opts {
   int chunk;         // prefill tokens per step, over all sequences
   int max_len;       // positions a sequence may hold
   double drain_grace;  // seconds a drain waits for running requests
+  // Speculation: the proposer ("off", "mtp", "ngram"), the most drafts per sequence and step,
+  // the ladder of drafts by batch width ("" for none), and the gate.
+  char spec[16];
+  int n_drafts;
+  char ladder[LKS_LADDER_TEXT];
+  bool gate;
 } lks_sched_opts;
 
+// The options from the settings table (--max-queue, --prefill-chunk, --max-seq-len,
+// --drain-grace, --spec, --num-drafts, --ladder, --spec-gate).
+void lks_sched_opts_from(const lks_settings *s, lks_sched_opts *o);
+// NULL with an error when an option is invalid (a ladder that does not parse, a proposer the
+// model cannot run).
 lks_sched *lks_sched_new(lks_world *w, const lks_tokenizer *tok, const lks_sched_opts *o);
 void lks_sched_free(lks_sched *s);
 
@@ -60,6 +80,8 @@ lks_req *lks_sched_submit(lks_sched *s, lks_req_params *p, int *err);
 void lks_req_read(lks_req *r, double timeout_s, lks_req_news *n);
 // A copy of the generated token ids so far (*ids malloc'd; the caller frees); returns how many.
 int lks_req_tokens(lks_req *r, int32_t **ids);
+// Whether the request finished (or failed).
+bool lks_req_finished(lks_req *r);
 // The client is gone: stop generating (the slot is freed at the next step).
 void lks_req_cancel(lks_req *r);
 void lks_req_release(lks_req *r);
@@ -67,12 +89,21 @@ void lks_req_release(lks_req *r);
 // The scheduler loop (rank 0's main thread): runs until lks_sched_stop, or until the world
 // fails (returns the error; every request in flight is marked failed).
 int lks_sched_run(lks_sched *s);
+// One step on the caller's thread (the only thread that steps this scheduler): 1 when it did
+// work, 0 when there was nothing to do, or the world's error.
+int lks_sched_step(lks_sched *s);
+// Runs one request to its end on the caller's thread (generate, bench, tests): submits it (the
+// parameters pass to the request as with lks_sched_submit), steps until it finished, then once
+// more so that its slot is free on every rank. 0, or the error that stopped it.
+int lks_sched_run_one(lks_sched *s, lks_req_params *p);
 // Any thread. drain: refuse new requests, finish the running ones, then return from run.
 void lks_sched_stop(lks_sched *s, bool drain);
 bool lks_sched_healthy(const lks_sched *s);
 bool lks_sched_draining(const lks_sched *s);
-// Levers for the next step, applied on every rank with EP_CMD_SET_LEVERS.
-void lks_sched_set_levers(lks_sched *s, bool speculation, int n_drafts, const char *ladder);
+// Levers for the next step boundary, applied on every rank with EP_CMD_SET_LEVERS and used by
+// the scheduler from that same step on. Refuses (LKS_EINVAL, nothing changed) a draft count
+// outside 0..LKS_MAX_DRAFTS or a ladder that does not parse.
+int lks_sched_set_levers(lks_sched *s, bool speculation, int n_drafts, const char *ladder);
 
 // Counters for /metrics (a consistent snapshot).
 enum { LKS_HIST_BUCKETS = 12 };
@@ -86,10 +117,10 @@ typedef struct lks_sched_stats {
   uint64_t prompt_tokens, generated_tokens, requests_done, requests_cancelled, steps;
   int queue_depth, slots_in_use, slots, kv_blocks_free;
   lks_hist ttft, itl, step;
-  bool speculation;
+  bool speculation;  // the levers in force
   int n_drafts;
-  char ladder[64];
-  uint64_t verify_rounds, proposed[16], accepted[16];  // per draft position
+  char ladder[LKS_LADDER_TEXT];
+  lks_spec_stats spec;  // speculation: rounds, per-position proposed/accepted, rates
 } lks_sched_stats;
 void lks_sched_stats_get(lks_sched *s, lks_sched_stats *out);
 

@@ -10,6 +10,8 @@
 int lks_ladder_parse(const char *text, lks_ladder *l) {
   memset(l, 0, sizeof *l);
   if (!text || !*text) return 0;
+  if (strlen(text) >= LKS_LADDER_TEXT)
+    return lks_set_error(LKS_EINVAL, "ladder: longer than %d characters", LKS_LADDER_TEXT - 1);
   const char *p = text;
   while (*p) {
     char *end;

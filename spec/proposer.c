@@ -66,9 +66,9 @@ static int mtp_submit(lks_proposer *p, lks_spec_seq **s, int n, int k, int32_t *
   cmd.type = LOCKSTEP__CMD_TYPE__EP_CMD_MTP_PROPOSE;
   cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_PROPOSE;
   cmd.propose = &mp;
-  lks_engine_out out;
-  int rc = lks_world_submit(p->world, &cmd, &out);
-  if (rc == 0 && k > 0) memcpy(drafts, out.tokens, (size_t)n * k * sizeof *drafts);
+  const int32_t *out = NULL;
+  int rc = p->sub.submit(p->sub.ctx, &cmd, &out);
+  if (rc == 0 && k > 0) memcpy(drafts, out, (size_t)n * k * sizeof *drafts);
   if (rc == 0)
     for (int i = 0; i < n; i++) ((mtp_state *)s[i]->state)->n_pending = 0;
   free(st);
@@ -194,7 +194,7 @@ static const lks_proposer_ops ngram_ops = {
     .catchup = NULL,
 };
 
-lks_proposer *lks_proposer_new(const char *name, lks_world *w) {
+lks_proposer *lks_proposer_new(const char *name, const lks_model *m, lks_submitter sub) {
   const lks_proposer_ops *ops = NULL;
   if (!strcmp(name, "mtp")) ops = &mtp_ops;
   if (!strcmp(name, "ngram")) ops = &ngram_ops;
@@ -202,14 +202,14 @@ lks_proposer *lks_proposer_new(const char *name, lks_world *w) {
     lks_set_error(LKS_EINVAL, "--spec '%s': expected off, mtp or ngram", name);
     return NULL;
   }
-  if (ops == &mtp_ops && !lks_model_has_mtp(w->model)) {
+  if (ops == &mtp_ops && !lks_model_has_mtp(m)) {
     lks_set_error(LKS_EUNSUPPORTED, "--spec mtp: the model has no MTP layer (num_nextn_predict_layers 0)");
     return NULL;
   }
   lks_proposer *p = calloc(1, sizeof *p);
   if (!p) return NULL;
   p->ops = ops;
-  p->world = w;
+  p->sub = sub;
   return p;
 }
 

@@ -3,15 +3,27 @@
 // verification, the draft-count ladder, the gate, and acceptance statistics. What runs on every
 // rank (the target's verify, the MTP drafter's forwards, KV rollback) is the engine's, announced
 // with commands (EP_CMD_MTP_PROPOSE, EP_CMD_VERIFY, EP_CMD_COMMIT); this module decides what to
-// announce.
+// announce. The decoding loop that uses it is the scheduler's (coordinator/scheduler.c), the one
+// loop behind serve, generate and bench.
 #ifndef LKS_SPEC_H
 #define LKS_SPEC_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "coordinator/world.h"
+#include "model/model.h"
 #include "model/sample.h"
+#include "proto/command.h"
+
+// ---- how a proposer reaches every rank ----
+
+// A collective command, run on every rank: the coordinator's submission, handed to the proposer
+// (spec/ sits below the coordinator and never calls it directly). *tokens points at the greedy
+// ids the command produced, valid until the next submit.
+typedef struct lks_submitter {
+  int (*submit)(void *ctx, Lockstep__Command *cmd, const int32_t **tokens);
+  void *ctx;
+} lks_submitter;
 
 // ---- proposers ----
 
@@ -50,11 +62,12 @@ typedef struct lks_proposer_ops {
 
 struct lks_proposer {
   const lks_proposer_ops *ops;
-  lks_world *world;
+  lks_submitter sub;
 };
 
 // "mtp" or "ngram"; NULL with an error for anything else (or "mtp" on a model without one).
-lks_proposer *lks_proposer_new(const char *name, lks_world *w);
+// Collective proposers run their commands through `sub`.
+lks_proposer *lks_proposer_new(const char *name, const lks_model *m, lks_submitter sub);
 void lks_proposer_free(lks_proposer *p);
 
 // ---- verification ----
@@ -71,7 +84,7 @@ int lks_spec_accept_sample(const float *p, const float *q, int V, int32_t d, lks
 
 // ---- the ladder and the gate ----
 
-enum { LKS_LADDER_MAX = 16 };
+enum { LKS_LADDER_MAX = 16, LKS_LADDER_TEXT = 256 };
 typedef struct lks_ladder {
   int n;
   int width[LKS_LADDER_MAX], k[LKS_LADDER_MAX];
@@ -82,6 +95,20 @@ typedef struct lks_ladder {
 int lks_ladder_parse(const char *text, lks_ladder *l);
 // Drafts for a batch of `width` sequences, at most k_max.
 int lks_ladder_k(const lks_ladder *l, int width, int k_max);
+
+// The gate: measured tokens/s of speculative steps and of plain steps (exponential averages);
+// speculation stops for a while when plain steps are faster, then is probed again. Neither
+// choice changes the output.
+typedef struct lks_gate {
+  bool on;
+  double rate_spec, rate_plain;
+  int plain_left, since_probe;
+} lks_gate;
+void lks_gate_init(lks_gate *g, bool on);
+// Whether the next step may speculate.
+bool lks_gate_allows(const lks_gate *g);
+// A step that speculated (or not) produced `tokens` in `seconds`.
+void lks_gate_record(lks_gate *g, bool speculated, double tokens, double seconds);
 
 // ---- statistics ----
 
@@ -94,25 +121,5 @@ typedef struct lks_spec_stats {
 } lks_spec_stats;
 
 void lks_spec_stats_print(const lks_spec_stats *st, const char *proposer);
-
-// ---- one sequence, end to end ----
-
-typedef struct lks_spec_opts {
-  lks_proposer *proposer;  // NULL: no speculation
-  int k_max;
-  lks_ladder ladder;
-  bool gate;
-  lks_sampling sampling;
-  lks_rng *rng;
-  bool ignore_eos;
-  // Called for each emitted token; set *stop to end the generation.
-  int (*emit)(void *ctx, int32_t tok, bool eos, bool *stop);
-  void *emit_ctx;
-} lks_spec_opts;
-
-// Generates up to n_gen tokens after the prompt in slot 0 (allocated and freed here), with
-// speculation per opts. Rank 0 only; the workers follow the commands.
-int lks_spec_generate(lks_world *w, const int32_t *prompt, int n_prompt, int n_gen,
-                      const lks_spec_opts *o, lks_spec_stats *st);
 
 #endif

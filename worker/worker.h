@@ -7,7 +7,7 @@
 #ifndef LKS_WORKER_H
 #define LKS_WORKER_H
 
-#include "coordinator/world.h"
+#include "worker/world.h"
 
 int lks_worker_run(lks_world *w);
 

@@ -3,7 +3,8 @@
 //
 // usage: [mpirun -np N] test_spec MODEL_DIR PROMPTS OUT.json [N_GEN] [LEAK_SEQS]
 //
-// For every prompt (one per line, comma-separated ids): greedy decoding without speculation,
+// Every run goes through the scheduler, the decoding loop that `serve`, `generate` and `bench`
+// run. For every prompt (one per line, comma-separated ids): greedy decoding without speculation,
 // with the MTP drafter for K = 1, 2, 3, 4, and with n-gram lookup (K = 3), the gate off so that
 // every round speculates. The tokens of every mode must equal those without speculation. The
 // per-position proposed/accepted counts of each prompt and K go to OUT.json, for comparison with
@@ -15,9 +16,9 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "coordinator/world.h"
+#include "coordinator/scheduler.h"
+#include "coordinator/submit.h"
 #include "core/error.h"
-#include "spec/spec.h"
 #include "worker/worker.h"
 
 typedef struct {
@@ -25,26 +26,45 @@ typedef struct {
   int n;
 } sink;
 
-static int collect(void *ctx, int32_t tok, bool eos, bool *stop) {
-  (void)eos, (void)stop;
+static void collect(void *ctx, int32_t tok, bool eos) {
+  (void)eos;
   sink *s = ctx;
   s->tok[s->n++] = tok;
-  return 0;
 }
 
 static int failures;
 
-static int run(lks_world *w, lks_proposer *p, int k, const int32_t *prompt, int n, int n_gen,
+// One prompt through the scheduler (the decoding loop `serve` runs), with proposer `spec` ("off",
+// "mtp", "ngram") drafting up to k tokens, the gate off so that every round speculates.
+static float temperature;  // 0: greedy; else sampling, seed 7, top-p 0.9
+
+static int run(lks_world *w, const char *spec, int k, const int32_t *prompt, int n, int n_gen,
                sink *out, lks_spec_stats *st) {
-  lks_spec_opts o = {0};
-  o.proposer = p;
-  o.k_max = k;
+  lks_sched_opts o;
+  lks_sched_opts_from(w->settings, &o);
+  snprintf(o.spec, sizeof o.spec, "%s", spec);
+  o.n_drafts = k;
   o.gate = false;
-  o.ignore_eos = true;
-  o.emit = collect;
-  o.emit_ctx = out;
+  lks_sched *sched = lks_sched_new(w, NULL, &o);
+  if (!sched) return -1;
+  lks_req_params p = {0};
+  p.prompt = malloc((size_t)n * sizeof *prompt);
+  if (!p.prompt) return -1;
+  memcpy(p.prompt, prompt, (size_t)n * sizeof *prompt);
+  p.n_prompt = n;
+  p.max_tokens = n_gen;
+  p.ignore_eos = true;
+  p.sampling = (lks_sampling){temperature, 0, temperature > 0 ? 0.9f : 1.0f};
+  p.seed = 7;
+  p.on_token = collect;
+  p.on_token_ctx = out;
   out->n = 0;
-  return lks_spec_generate(w, prompt, n, n_gen, &o, st);
+  int rc = lks_sched_run_one(sched, &p);
+  lks_sched_stats ss;
+  lks_sched_stats_get(sched, &ss);
+  *st = ss.spec;
+  lks_sched_free(sched);
+  return rc;
 }
 
 int main(int argc, char **argv) {
@@ -76,11 +96,7 @@ int main(int argc, char **argv) {
     perror("prompts / output");
     lks_mpi_abort(2);
   }
-  lks_proposer *mtp = lks_proposer_new("mtp", w), *ng = lks_proposer_new("ngram", w);
-  if (!mtp || !ng) {
-    fprintf(stderr, "%s\n", lks_last_error());
-    lks_mpi_abort(1);
-  }
+  const char *mtp = "mtp", *ng = "ngram";
   int vocab = lks_model_config(w->model)->vocab;
   char line[8192];
   int n_prompts = 0;
@@ -96,7 +112,7 @@ int main(int argc, char **argv) {
       lks_mpi_abort(2);
     }
     lks_spec_stats st;
-    if (run(w, NULL, 0, prompt, n, n_gen, &base, &st) < 0) goto fail;
+    if (run(w, "off", 0, prompt, n, n_gen, &base, &st) < 0) goto fail;
     fprintf(out, "%s\n {\"prompt\": \"%s\", \"tokens\": [", n_prompts ? "," : "", line);
     for (int i = 0; i < base.n; i++) fprintf(out, "%s%d", i ? ", " : "", base.tok[i]);
     fprintf(out, "], \"mtp\": {");
@@ -120,6 +136,19 @@ int main(int argc, char **argv) {
       failures++;
     }
     fprintf(out, "}, \"ngram_accepted\": %llu}", (unsigned long long)(st.accepted[0] + st.accepted[1] + st.accepted[2]));
+    // Sampling (temperature 0.8, top-p 0.9, one seed): the same tokens with and without
+    // speculation, since each token is drawn from a generator seeded by its index alone.
+    temperature = 0.8f;
+    if (run(w, "off", 0, prompt, n, n_gen, &base, &st) < 0) goto fail;
+    for (int k = 1; k <= 4; k += 3) {
+      if (run(w, mtp, k, prompt, n, n_gen, &got, &st) < 0) goto fail;
+      if (got.n != base.n || memcmp(got.tok, base.tok, (size_t)got.n * sizeof *got.tok)) {
+        printf("FAIL: prompt %d, sampling, mtp K=%d: tokens differ from sampling without "
+               "speculation\n", n_prompts, k);
+        failures++;
+      }
+    }
+    temperature = 0;
     free(prompt);
     n_prompts++;
   }
@@ -163,8 +192,6 @@ int main(int argc, char **argv) {
            allowed ? "ok" : "FAIL");
     failures += !refused + !allowed;
   }
-  lks_proposer_free(mtp);
-  lks_proposer_free(ng);
   free(base.tok);
   free(got.tok);
   lks_world_stop(w);

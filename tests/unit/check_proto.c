@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/control.h"
+#include "worker/control.h"
 #include "core/error.h"
 #include "testutil.h"
 

@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: MIT
 // The ZeroMQ control plane (see control.h).
-#include "core/clock.h"
-#include "core/control.h"
+#include "worker/control.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -13,8 +12,10 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "proto/command.h"
 
 enum { EP_LEN = 256, HOST_LEN = 64 };
 
@@ -112,10 +113,9 @@ static int send_msg(void *sock, const void *buf, size_t n) {
 }
 
 static int send_ack(void *sock, const Lockstep__Ack *a) {
-  size_t n = lockstep__ack__get_packed_size(a);
-  uint8_t *buf = malloc(n ? n : 1);
-  if (!buf) return lks_set_error(LKS_ENOMEM, "out of memory");
-  lockstep__ack__pack(a, buf);
+  uint8_t *buf;
+  size_t n;
+  LKS_TRY(lks_ack_encode(a, &buf, &n));
   int rc = send_msg(sock, buf, n);
   free(buf);
   return rc;
@@ -131,7 +131,7 @@ static int drain_acks(lks_ctl *c, int r) {
       zmq_msg_close(&msg);
       return 0;
     }
-    Lockstep__Ack *a = lockstep__ack__unpack(NULL, zmq_msg_size(&msg), zmq_msg_data(&msg));
+    Lockstep__Ack *a = lks_ack_decode(zmq_msg_data(&msg), zmq_msg_size(&msg));
     zmq_msg_close(&msg);
     if (!a) return lks_set_error(LKS_EFORMAT, "rank %d (%s) sent an ack that does not decode", r, c->hosts[r]);
     int rc = 0;
@@ -282,29 +282,6 @@ void lks_ctl_free(lks_ctl *c) {
   free(c);
 }
 
-static bool payload_matches(const Lockstep__Command *cmd) {
-  switch (cmd->type) {
-    case LOCKSTEP__CMD_TYPE__EP_CMD_ALLOC_SLOT:
-    case LOCKSTEP__CMD_TYPE__EP_CMD_FREE_SLOT:
-      return cmd->payload_case == LOCKSTEP__COMMAND__PAYLOAD_SLOTS;
-    case LOCKSTEP__CMD_TYPE__EP_CMD_PREFILL:
-    case LOCKSTEP__CMD_TYPE__EP_CMD_DECODE:
-    case LOCKSTEP__CMD_TYPE__EP_CMD_VERIFY:
-      return cmd->payload_case == LOCKSTEP__COMMAND__PAYLOAD_FORWARD;
-    case LOCKSTEP__CMD_TYPE__EP_CMD_COMMIT:
-      return cmd->payload_case == LOCKSTEP__COMMAND__PAYLOAD_COMMIT;
-    case LOCKSTEP__CMD_TYPE__EP_CMD_MTP_PROPOSE:
-      return cmd->payload_case == LOCKSTEP__COMMAND__PAYLOAD_PROPOSE;
-    case LOCKSTEP__CMD_TYPE__EP_CMD_SET_LEVERS:
-      return cmd->payload_case == LOCKSTEP__COMMAND__PAYLOAD_LEVERS;
-    case LOCKSTEP__CMD_TYPE__EP_CMD_HEARTBEAT:
-    case LOCKSTEP__CMD_TYPE__EP_CMD_SHUTDOWN:
-      return cmd->payload_case == LOCKSTEP__COMMAND__PAYLOAD__NOT_SET;
-    default:
-      return false;
-  }
-}
-
 int lks_ctl_send(lks_ctl *c, Lockstep__Command *cmd) {
   cmd->protocol_version = LKS_PROTOCOL_VERSION;
   cmd->step_id = ++c->step;
@@ -313,9 +290,6 @@ int lks_ctl_send(lks_ctl *c, Lockstep__Command *cmd) {
   if (cmd->type == LOCKSTEP__CMD_TYPE__EP_CMD_SHUTDOWN) c->shutdown_step = c->step;
   if (c->world == 1) return 0;
   LKS_TRY(lks_ctl_poll(c));
-  size_t n = lockstep__command__get_packed_size(cmd);
-  uint8_t *buf = malloc(n + 16);
-  if (!buf) return lks_set_error(LKS_ENOMEM, "out of memory");
   uint64_t real_step = cmd->step_id;
   if (c->fault_step == c->step && !strcmp(c->fault, "die")) raise(SIGKILL);
   if (c->fault_step == c->step && !strcmp(c->fault, "stall")) sleep(2);  // busy, not dead
@@ -323,9 +297,12 @@ int lks_ctl_send(lks_ctl *c, Lockstep__Command *cmd) {
     if (!strcmp(c->fault, "gap")) cmd->step_id += 1;
     if (!strcmp(c->fault, "version")) cmd->protocol_version = 99;
   }
-  lockstep__command__pack(cmd, buf);
+  uint8_t *buf;
+  size_t n;
+  int enc = lks_cmd_encode(cmd, &buf, &n);
   cmd->step_id = real_step;
   cmd->protocol_version = LKS_PROTOCOL_VERSION;
+  if (enc < 0) return enc;
   if (c->fault_step == c->step && !strcmp(c->fault, "corrupt"))
     for (size_t i = 0; i < n; i++) buf[i] ^= 0xa5;
   int rc = 0;
@@ -391,30 +368,6 @@ int lks_ctl_recv(lks_ctl *c, Lockstep__Command **out, double timeout_s) {
   c->comm->step = c->step;
   lks_log_set_step(c->step);
   if (c->fault_step == c->step && !strcmp(c->fault, "die")) raise(SIGKILL);
-  *out = cmd;
-  return 0;
-}
-
-int lks_cmd_decode(const void *buf, size_t len, uint64_t expected_step, Lockstep__Command **out) {
-  *out = NULL;
-  Lockstep__Command *cmd = lockstep__command__unpack(NULL, len, buf);
-  if (!cmd)
-    return lks_set_error(LKS_EFORMAT, "a command after step %llu does not decode (%zu bytes)",
-                         (unsigned long long)expected_step - 1, len);
-  int rc = 0;
-  if (cmd->protocol_version != LKS_PROTOCOL_VERSION)
-    rc = lks_set_error(LKS_EFORMAT, "command with protocol version %u (this build speaks %d)",
-                       cmd->protocol_version, LKS_PROTOCOL_VERSION);
-  else if (cmd->step_id != expected_step)
-    rc = lks_set_error(LKS_EFORMAT, "command step %llu out of order (expected %llu)",
-                       (unsigned long long)cmd->step_id, (unsigned long long)expected_step);
-  else if (!payload_matches(cmd))
-    rc = lks_set_error(LKS_EFORMAT, "command type %d at step %llu has the wrong payload", cmd->type,
-                       (unsigned long long)cmd->step_id);
-  if (rc < 0) {
-    lockstep__command__free_unpacked(cmd, NULL);
-    return rc;
-  }
   *out = cmd;
   return 0;
 }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // Per-rank command execution (see engine.h).
-#include "model/engine.h"
+#include "worker/engine.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -11,16 +11,14 @@
 // executing anything. Nothing waits forever: every receive has a deadline.
 //
 // Used from one thread per process.
-#ifndef LKS_CONTROL_H
-#define LKS_CONTROL_H
+#ifndef LKS_WORKER_CONTROL_H
+#define LKS_WORKER_CONTROL_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "core/comm.h"
-#include "proto/lockstep.pb-c.h"
-
-#define LKS_PROTOCOL_VERSION 1
+#include "proto/command.h"
 
 typedef struct lks_ctl lks_ctl;
 
@@ -42,9 +40,6 @@ int lks_ctl_wait_acks(lks_ctl *c, uint64_t step, double timeout_s);
 // lockstep__command__free_unpacked. Fails after timeout_s without a command or a heartbeat, or
 // when the coordinator disconnects.
 int lks_ctl_recv(lks_ctl *c, Lockstep__Command **cmd, double timeout_s);
-// Decodes one frame into a command and checks it: protocol version, step id == expected_step,
-// a payload that matches the type. The caller frees *cmd (lockstep__command__free_unpacked).
-int lks_cmd_decode(const void *buf, size_t len, uint64_t expected_step, Lockstep__Command **cmd);
 // Worker: answers a command.
 int lks_ctl_ack(lks_ctl *c, uint64_t step, int status, const char *error, double exec_s,
                 double comm_s);

@@ -10,12 +10,9 @@
 #include <stdint.h>
 
 #include "model/model.h"
-#include "proto/lockstep.pb-c.h"
+#include "proto/command.h"
 
 typedef struct lks_engine lks_engine;
-
-// The most drafts one propose may ask for.
-#define LKS_MAX_DRAFTS 16
 
 // What a forward command hands back (on every rank; rank 0 uses it). Host memory owned by the
 // engine, valid until the next exec.
