@@ -17,7 +17,7 @@
 
 #include "coordinator/world.h"
 #include "model/sample.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 typedef struct lks_sched lks_sched;
 typedef struct lks_req lks_req;

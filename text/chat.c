@@ -2,7 +2,7 @@
 // GLM's chat template, rendered natively (see chat.h). Each block below names the template
 // lines it stands for; the whitespace is what Jinja leaves with trim_blocks and lstrip_blocks on
 // (as transformers and @huggingface/jinja run chat templates) and the template's own {%- -%}.
-#include "model/chat.h"
+#include "text/chat.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 typedef struct {
   char *p;

@@ -7,7 +7,7 @@
 // of tokenizer.json into PCRE2 with the meaning the reference gives them (\s is White_Space,
 // (?i:...) folds ASCII only, '.' stops at \n only, ...), compiled in UTF mode with UCP and
 // JIT-compiled when the JIT is available.
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <errno.h>
