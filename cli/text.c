@@ -9,8 +9,8 @@
 #include "cli/cli.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "model/chat.h"
-#include "model/tokenizer.h"
+#include "text/chat.h"
+#include "text/tokenizer.h"
 
 struct lks_cli_text {
   lks_tokenizer *tok;

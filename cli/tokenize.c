@@ -9,7 +9,7 @@
 
 #include "cli/cli.h"
 #include "core/error.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 int lks_cmd_tokenize(lks_settings *s, const char *dir, const char *text) {
   (void)s;

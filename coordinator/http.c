@@ -23,7 +23,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "model/chat.h"
+#include "text/chat.h"
 
 struct lks_http {
   struct MHD_Daemon *d;

@@ -10,7 +10,7 @@
 
 #include "coordinator/scheduler.h"
 #include "core/settings.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 typedef struct lks_http lks_http;
 

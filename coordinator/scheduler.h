@@ -20,8 +20,8 @@
 
 #include "core/settings.h"
 #include "model/sample.h"
-#include "model/tokenizer.h"
 #include "spec/spec.h"
+#include "text/tokenizer.h"
 #include "worker/world.h"
 
 typedef struct lks_sched lks_sched;

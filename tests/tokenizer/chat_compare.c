@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "model/chat.h"
+#include "text/chat.h"
 
 int main(int argc, char **argv) {
   if (argc != 3) {

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "core/log.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 static lks_tokenizer *fixture;
 

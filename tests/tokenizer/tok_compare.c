@@ -11,7 +11,7 @@
 #include <time.h>
 
 #include "core/error.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 static char *slurp(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");

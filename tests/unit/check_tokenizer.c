@@ -10,8 +10,8 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "model/chat.h"
-#include "model/tokenizer.h"
+#include "text/chat.h"
+#include "text/tokenizer.h"
 #include "testutil.h"
 
 // A tiny byte-level BPE: "é" is the bytes C3 A9, written "Ã©" at the byte level.

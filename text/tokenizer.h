@@ -81,10 +81,7 @@ void lks_detok_free(lks_detok *d);
 
 // Replaces each maximal invalid UTF-8 subpart of `in` with U+FFFD (WHATWG "replacement").
 // Returns a malloc'd NUL-terminated copy (*out_len bytes) or NULL when out of memory.
+// (Defined in text/utf8.c.)
 char *lks_utf8_sanitize(const char *in, size_t len, size_t *out_len);
-
-// Internal, shared with model/chat.c: whether code point c is whitespace to JavaScript's trim()
-// (the rule both references apply).
-bool lks__js_space(uint32_t c);
 
 #endif

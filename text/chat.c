@@ -2,7 +2,7 @@
 // GLM's chat template, rendered natively (see chat.h). Each block below names the template
 // lines it stands for; the whitespace is what Jinja leaves with trim_blocks and lstrip_blocks on
 // (as transformers and @huggingface/jinja run chat templates) and the template's own {%- -%}.
-#include "model/chat.h"
+#include "text/chat.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "model/tokenizer.h"
+#include "text/utf8.h"
 
 typedef struct {
   char *p;
@@ -248,7 +248,7 @@ static size_t lead_space(const char *s, size_t n) {
     else if (u[0] < 0xE0) c = ((uint32_t)(u[0] & 0x1F) << 6) | (u[1] & 0x3F), l = 2;
     else if (u[0] < 0xF0) c = ((uint32_t)(u[0] & 0x0F) << 12) | ((uint32_t)(u[1] & 0x3F) << 6) | (u[2] & 0x3F), l = 3;
     else c = 0x10000, l = 4;
-    if (!lks__js_space(c)) break;
+    if (!lks__utf8_js_space(c)) break;
     i += l;
   }
   return i;
@@ -264,7 +264,7 @@ static size_t trail_len(const char *s, size_t n) {  // length without trailing w
     else if (u[0] < 0xE0) c = ((uint32_t)(u[0] & 0x1F) << 6) | (u[1] & 0x3F);
     else if (u[0] < 0xF0) c = ((uint32_t)(u[0] & 0x0F) << 12) | ((uint32_t)(u[1] & 0x3F) << 6) | (u[2] & 0x3F);
     else c = 0x10000;
-    if (!lks__js_space(c)) break;
+    if (!lks__utf8_js_space(c)) break;
     n = k;
   }
   return n;
