@@ -207,6 +207,8 @@ if want bench && [ "${BENCH:-1}" != 0 ]; then
   row "d2d copy bandwidth" INFO "${BW:-?} GB/s (read + written)"
   row "bf16 matmul rate (cuBLAS, tensor cores)" INFO "${TF:-?} TFLOP/s"
   row "backend matmul rate (exact f32 kernel)" INFO "${TB:-?} TFLOP/s"
+  row "backend decode matmul" INFO "$(sed -n 's/^backend decode matmul: //p' "$LOGS/rates.log")"
+  row "backend small matmul" INFO "$(sed -n 's/^backend small matmul (1 x 64 x 64): //p' "$LOGS/rates.log")"
   BM=$B/bench-model
   BENCH_GEN=${BENCH_GEN:---preset air-1g --hidden 2048 --heads 32 --kv-heads 4 --head-dim 64 --layers 12 --moe-inter 704 --inter 5472 --vocab 32768 --dtype bf16 --shards 4 --seed 3}
   if [ ! -f "$BM/config.json" ]; then

@@ -659,6 +659,29 @@ static int rates(void) {
   t = (now() - t) / 3;
   printf("backend matmul rate: %.1f TFLOP/s (BF16 weights, exact f32 kernel, %d x %d x %d)\n",
          2.0 * n * M * K / t / 1e12, n, M, K);
+  // Decode: one activation row against the same 128 MB of weights (twice the L2), the weight
+  // bytes read per second; and the time of one small product, mostly launch overhead.
+  lks_tensor x1 = lks_tensor_rows(x, 0, 1), o1 = lks_tensor_rows(o, 0, 1);
+  TRY(GPU->ops->matmul(GPU, o1, x1, w.g, nob, false));
+  cudaDeviceSynchronize();
+  t = now();
+  for (int r = 0; r < 20; r++) TRY(GPU->ops->matmul(GPU, o1, x1, w.g, nob, false));
+  cudaDeviceSynchronize();
+  t = (now() - t) / 20;
+  printf("backend decode matmul: %.1f GB/s of weights (1 row x %d x %d BF16, %.1f us)\n",
+         2.0 * M * K / t / 1e9, M, K, t * 1e6);
+  lks_tensor small = lks_tensor_rows(w.g, 0, 64);
+  small.cols = 64;
+  TRY(GPU->ops->matmul(GPU, lks_tensor_cols(o1, 0, 64), lks_tensor_cols(x1, 0, 64), small, nob, false));
+  cudaDeviceSynchronize();
+  t = now();
+  for (int r = 0; r < 2000; r++)
+    TRY(GPU->ops->matmul(GPU, lks_tensor_cols(o1, 0, 64), lks_tensor_cols(x1, 0, 64), small, nob, false));
+  double th = (now() - t) / 2000;
+  cudaDeviceSynchronize();
+  t = (now() - t) / 2000;
+  printf("backend small matmul (1 x 64 x 64): %.2f us each on the host, %.2f us until done\n",
+         th * 1e6, t * 1e6);
   GPU->ops->buf_free(GPU, xb);
   GPU->ops->buf_free(GPU, ob);
   return 0;
