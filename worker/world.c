@@ -118,6 +118,15 @@ lks_world *lks_world_start(const lks_settings *s, const char *dir, int max_slots
     lks_set_error(LKS_ECONFIG, "--comm %s: expected mpi or nccl", comm);
     goto fail;
   }
+  // The start-up agreement runs over plain MPI before the chosen collectives exist: ranks that
+  // disagree on the backend or the collectives would otherwise meet in mismatched NCCL calls.
+  if (w->world > 1) {
+    lks_comm *boot = lks_comm_mpi_new(timeout);
+    int arc = boot ? lks_world_agree(boot, s, dir)
+                   : lks_set_error(LKS_ENOMEM, "the start-up agreement: out of memory");
+    lks_comm_free(boot);
+    if (arc < 0) goto fail;
+  }
   if (w->world == 1)
     w->comm = lks_comm_local_new();
   else if (strcmp(comm, "nccl") == 0)
@@ -125,7 +134,7 @@ lks_world *lks_world_start(const lks_settings *s, const char *dir, int max_slots
   else
     w->comm = cuda ? lks_comm_mpi_cuda_new(timeout) : lks_comm_mpi_new(timeout);
   if (!w->comm) goto fail;
-  if (lks_world_agree(w->comm, s, dir) < 0) goto fail;
+  if (w->world == 1 && lks_world_agree(w->comm, s, dir) < 0) goto fail;
   const lks_config *cfg;
   w->be = lks_backend_new_on(backend, (int)lks_settings_int(s, "threads"), gpu);
   if (!w->be) goto fail;
