@@ -5,6 +5,11 @@
 // `lockstep generate` on the same prompt ids; 16 concurrent requests; 30+ bad requests each
 // answered 4xx with an OpenAI error body while good requests between them succeed; the admin
 // endpoints' 401 / 403 / 200. Prints "N passed, M failed" last.
+// Node's own fetch, not the node-fetch the 4.x client uses by default on Node: with node-fetch,
+// Debian 12's Node 18 (18.20.4+dfsg) ends the first streamed completion with "Premature close"
+// although the response is well formed (chunked, ended by its zero-length chunk). The 4.x client
+// supports Node 18 and documents this shim for using the global fetch.
+import "openai/shims/web";
 import OpenAI from "openai";
 import { execFileSync } from "node:child_process";
 import net from "node:net";
