@@ -6,8 +6,8 @@
 # usage: sigterm_test.sh LOCKSTEP MODEL_DIR PORT
 set -u
 lockstep=$1 model=$2 port=$3
-log=$(mktemp) stream=$(mktemp)
-trap 'kill -9 $pid 2>/dev/null; rm -f "$log" "$stream"' EXIT
+log=$(mktemp) stream=$(mktemp) probe=$(mktemp)
+trap 'kill -9 $pid 2>/dev/null; rm -f "$log" "$stream" "$probe"' EXIT
 fails=0 passes=0
 ok() { echo "ok: $1"; passes=$((passes + 1)); }
 bad() { echo "FAIL: $1"; fails=$((fails + 1)); }
@@ -21,7 +21,7 @@ now_ms() { date +%s%3N; }
 # until_streaming: waits (at most 20 s) for the open stream's first token, so that the signal
 # arrives while it runs however slow the start is.
 until_streaming() {
-  for _ in $(seq 1 400); do grep -q '"text"' "$stream" && return; sleep 0.05; done
+  for _ in $(seq 1 400); do grep -q '^data: {' "$stream" && return; sleep 0.05; done
 }
 
 # The stream must run when SIGTERM arrives and finish well inside the drain grace, on this
@@ -32,15 +32,16 @@ until_streaming() {
 start
 t0=$(now_ms)
 curl -s --max-time 60 "http://127.0.0.1:$port/v1/completions" \
-  -d '{"prompt": [5, 6, 7], "max_tokens": 64, "ignore_eos": true, "temperature": 0}' > "$stream"
+  -d '{"prompt": [5, 6, 7], "max_tokens": 64, "ignore_eos": true, "temperature": 0}' > "$probe"
 ms=$(( $(now_ms) - t0 ))
-grep -q '"completion_tokens":64' "$stream" || { echo "FAIL: the measuring request: $(head -c 300 "$stream")"; exit 1; }
+grep -q '"completion_tokens":64' "$probe" || { echo "FAIL: the measuring request: $(head -c 300 "$probe")"; exit 1; }
 n=$(( 64 * 3000 / (ms > 0 ? ms : 1) ))
 [ $n -lt 64 ] && n=64
 [ $n -gt 4000 ] && n=4000
 echo "measured: 64 tokens in $ms ms; the stream asks for $n tokens (about 3 s), drain grace ${grace} s"
 body='{"prompt": [5, 6, 7], "max_tokens": '$n', "ignore_eos": true, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}'
 
+: > "$stream"   # empty before the client starts, so that until_streaming sees only this stream
 curl -sN --max-time 120 "http://127.0.0.1:$port/v1/completions" -d "$body" > "$stream" &
 client=$!
 until_streaming
@@ -62,6 +63,7 @@ grep -q '"completion_tokens":'$n'[,}]' "$stream" && grep -q '\[DONE\]' "$stream"
 [ "$st" = 0 ] && ok "exit status 0 after the drain" || bad "exit status $st"
 
 start
+: > "$stream"   # empty before the client starts, so that until_streaming sees only this stream
 curl -sN --max-time 120 "http://127.0.0.1:$port/v1/completions" -d "$body" > "$stream" &
 client=$!
 until_streaming
