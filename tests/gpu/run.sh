@@ -17,17 +17,24 @@
 # 1. configure and build with CUDA (fails if the cuda backend is not built);
 # 2. every CUDA op against the CPU op on fresh random inputs (test_cuda_ops);
 # 3. the model tests (test_model_ref, every model_* case of ctest) with --backend cuda, against
-#    the numpy reference, within each case's bound (2e-2 for BF16, 1e-4 for f32);
+#    the numpy reference, per row within LAMBDA times the row's measured float32 rounding error
+#    (test_model_ref.c): LAMBDA as on the CPU for F32 weights (every product in f32 on the GPU
+#    too), and 2^16 times that for BF16 weights, whose products over more than 8 rows round the
+#    activations to BF16 (unit roundoff 2^-8 against f32's 2^-24; not yet measured on a GPU);
 # 4. the speculative tests (ctest -L spec) with LKS_BACKEND=cuda: greedy output with and without
 #    speculation identical, world 2 equal to world 1, both equal to the reference;
 # 5. shards on the GPU: world 2 (two ranks on one GPU, MPI collectives staging device buffers;
 #    with two GPUs or more also NCCL) equal to world 1 (test_shard, f32 models);
-# 6. `lockstep generate`: greedy tokens on the GPU against the CPU (reported; equal where the
-#    logits margin allows, the BF16 default model may differ late);
+# 6. `lockstep generate`: 48 greedy tokens on the GPU against the CPU, and world 2 against world 1
+#    on the GPU: identical. With an 8-token prompt (no more than LKS__CU_GEMV_ROWS, 8) every
+#    product on the GPU is in f32, as on the CPU, so the logits differ by float32 rounding order
+#    only (about 1e-6 of the largest logit on this model); a token can flip only where the top two
+#    logits are that close, which 48 decisions on a random model essentially never meet. A
+#    difference is reported with its first differing position;
 # 7. benchmark: measured device-to-device copy bandwidth and BF16 matmul rate, then
 #    `lockstep bench --backend cuda` on a generated BF16 model of several GB: decode tokens/s,
-#    achieved bytes/s as a fraction of the copy bandwidth (target >= 0.7), prefill tokens/s as a
-#    fraction of the matmul rate.
+#    achieved bytes/s as a fraction of the copy bandwidth (FAIL below 0.7), prefill tokens/s as a
+#    fraction of the matmul rate (reported).
 # A table of every check is printed last; exit status 0 when none failed.
 set -u
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -156,7 +163,11 @@ for t in json.load(sys.stdin)["tests"]:
         print(t["name"] + "\t" + "\t".join(t["command"]))' >"$LOGS/model_cases.tsv"
 while IFS=$'\t' read -r name cmd; do
   IFS=$'\t' read -r -a argv <<<"$cmd"
-  check "$name (cuda)" "${argv[@]}" cuda
+  # argv: test_model_ref MODEL EXPECTED LAMBDA PROMPT_LEN; BF16 weights: LAMBDA * 2^16 (above).
+  if [[ $name == *bf16* || $name == trained_model_* ]]; then
+    argv[3]=$($PY -c "print(float('${argv[3]}') * 65536)")
+  fi
+  check "$name (cuda, bound ${argv[3]} x f32 error)" "${argv[@]}" cuda
 done <"$LOGS/model_cases.tsv"
 fi
 
@@ -184,18 +195,23 @@ gen "$LKS" generate --backend cpu >"$LOGS/gen_cpu.txt" 2>"$LOGS/gen_cpu.log"
 gen "$LKS" generate --backend cuda >"$LOGS/gen_cuda.txt" 2>"$LOGS/gen_cuda.log"
 gen mpirun --oversubscribe -np 2 "$LKS" generate --backend cuda --comm $COMM \
   >"$LOGS/gen_cuda_w2.txt" 2>"$LOGS/gen_cuda_w2.log"
-if [ ! -s "$LOGS/gen_cuda.txt" ]; then
-  row "generate --backend cuda" FAIL "no output, see $LOGS/gen_cuda.log"
-elif cmp -s "$LOGS/gen_cpu.txt" "$LOGS/gen_cuda.txt"; then
-  row "generate: cuda tokens = cpu tokens" PASS "48 greedy tokens, default model"
-else
-  row "generate: cuda tokens = cpu tokens" INFO "differ (BF16 margins): $LOGS/gen_c*.txt"
-fi
-if [ -s "$LOGS/gen_cuda.txt" ] && cmp -s "$LOGS/gen_cuda.txt" "$LOGS/gen_cuda_w2.txt"; then
-  row "generate: cuda w2 ($COMM) = cuda w1" PASS "48 greedy tokens"
-else
-  row "generate: cuda w2 ($COMM) = cuda w1" INFO "differ or failed: $LOGS/gen_cuda_w2.*"
-fi
+# same_tokens NAME A B: PASS when both files hold the same 48 comma-separated ids, else FAIL
+# with the first position where they differ.
+same_tokens() {
+  local n
+  n=$(tr ',' '\n' <"$2" | grep -c .)
+  if [ "$n" != 48 ]; then
+    row "$1" FAIL "$n tokens in $2 (want 48), see its .log"
+  elif cmp -s "$2" "$3"; then
+    row "$1" PASS "48 greedy tokens identical"
+  else
+    local at
+    at=$(paste -d' ' <(tr ',' '\n' <"$2") <(tr ',' '\n' <"$3") | awk '$1 != $2 {print NR - 1; exit}')
+    row "$1" FAIL "first difference at generated token $at: $2 vs $3"
+  fi
+}
+same_tokens "generate: cuda tokens = cpu tokens" "$LOGS/gen_cuda.txt" "$LOGS/gen_cpu.txt"
+same_tokens "generate: cuda w2 ($COMM) = cuda w1" "$LOGS/gen_cuda_w2.txt" "$LOGS/gen_cuda.txt"
 fi
 
 # 7. benchmark
@@ -226,10 +242,9 @@ if want bench && [ "${BENCH:-1}" != 0 ]; then
     FRAC=$($PY -c "print('%.2f' % (float('$ACH') / float('$BW')))" 2>/dev/null || echo "?")
     # BF16: 2 bytes and 2 FLOPs per active parameter, so FLOPs per token = weight bytes per token.
     PF=$($PY -c "print('%.2f' % (float('$PRE') * float('$WMB') * 1e6 / (float('$TF') * 1e12)))" 2>/dev/null || echo "?")
-    RES=INFO
+    RES=FAIL
     [ "$FRAC" != "?" ] && $PY -c "import sys; sys.exit(0 if float('$FRAC') >= 0.7 else 1)" && RES=PASS
-    [ "$FRAC" != "?" ] && [ $RES = INFO ] && RES=BELOW
-    row "decode (no CUDA graphs)" "$RES" "${DEC:-?} tokens/s, ${ACH:-?} GB/s = $FRAC of copy bw (target 0.7)"
+    row "decode (no CUDA graphs)" "$RES" "${DEC:-?} tokens/s, ${ACH:-?} GB/s = $FRAC of copy bw (bound >= 0.7)"
     PB=$($PY -c "print('%.2f' % (float('$PRE') * float('$WMB') * 1e6 / (float('$TB') * 1e12)))" 2>/dev/null || echo "?")
     row "prefill 512 tokens" INFO "${PRE:-?} tokens/s = $PF of the bf16 rate, $PB of the backend's"
     row "decode with CUDA graphs" INFO "none: routing is decided on the host each layer"
