@@ -25,6 +25,11 @@ static const lks_setting_def defs[] = {
     {"max-seq-len", 0, LKS_SET_INT, 16, 1 << 24, "4096", false,
      "longest sequence (prompt + generated) the KV cache holds"},
     {"kv-block", 0, LKS_SET_INT, 1, 1024, "16", false, "tokens per KV cache block"},
+    {"kv-memory", 0, LKS_SET_STR, 0, 0, NULL, false,
+     "memory for the KV cache on each rank: bytes (e.g. 8G, 512M) or a fraction of the available "
+     "memory (e.g. 0.5); every rank measures, the smallest wins (unset: every slot at max-seq-len)"},
+    {"kv-blocks", 0, LKS_SET_INT, 0, 1 << 30, "0", false,
+     "KV cache blocks per cache (0: from --kv-memory, or every slot at max-seq-len)"},
     {"prefix-cache", 0, LKS_SET_BOOL, 0, 0, "true", false,
      "keep the KV blocks of finished sequences and reuse them for prompts that start the same"},
     {"spec", 0, LKS_SET_STR, 0, 0, "off", true,

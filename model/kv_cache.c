@@ -196,6 +196,7 @@ void lks_kv_set_evict(lks_kv_cache *kv, int (*evict)(void *ctx, int need), void 
 }
 
 int lks_kv_block_size(const lks_kv_cache *kv) { return kv->block_size; }
+int lks_kv_n_layers(const lks_kv_cache *kv) { return kv->n_layers; }
 int lks_kv_n_blocks(const lks_kv_cache *kv) { return kv->n_blocks; }
 
 int lks_kv_rows(const lks_kv_cache *kv, lks_attn_rows *rows, int32_t *slot_out) {

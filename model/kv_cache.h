@@ -37,6 +37,7 @@ int lks_kv_rows(const lks_kv_cache *kv, lks_attn_rows *rows, int32_t *slot_out);
 const lks_kv_layer *lks_kv_layer_at(const lks_kv_cache *kv, int layer);
 int lks_kv_free_blocks(const lks_kv_cache *kv);
 int lks_kv_block_size(const lks_kv_cache *kv);
+int lks_kv_n_layers(const lks_kv_cache *kv);
 int lks_kv_n_blocks(const lks_kv_cache *kv);
 
 // ---- shared blocks (the prefix cache) ----

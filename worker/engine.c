@@ -124,6 +124,30 @@ void lks_engine_prefix_stats(const lks_engine *e, lks_prefix_stats *st) {
   if (e->prefix) lks_prefix_stats_get(e->prefix, st);
 }
 
+int lks_engine_kv_read(const lks_engine *e, int slot, bool drafter, int pos, float *out) {
+  const lks_kv_cache *kv = drafter ? e->mkv : e->kv;
+  if (!kv || slot < 0 || slot >= e->max_slots || pos < 0 || pos >= lks_kv_seq_len(kv, slot))
+    return lks_set_error(LKS_ERANGE, "kv read: slot %d position %d is not held", slot, pos);
+  int B = lks_kv_block_size(kv), at = lks_kv_seq_block(kv, slot, pos / B) * B + pos % B;
+  lks_backend *be = lks_model_backend(e->m);
+  for (int l = 0;; l++) {
+    const lks_kv_layer *L = lks_kv_layer_at(kv, l);
+    int64_t w = (int64_t)L->n_kv_heads * L->head_dim, rows = (int64_t)L->n_blocks * B;
+    LKS_TRY(lks_tensor_to_host_f32(be, out, lks_tensor_rows(lks_tensor_2d(L->k, 0, LKS_F32, rows, w), at, 1)));
+    LKS_TRY(lks_tensor_to_host_f32(be, out + w, lks_tensor_rows(lks_tensor_2d(L->v, 0, LKS_F32, rows, w), at, 1)));
+    out += 2 * w;
+    if (l + 1 == lks_kv_n_layers(kv)) break;
+  }
+  return 0;
+}
+
+size_t lks_engine_kv_row_floats(const lks_engine *e, bool drafter) {
+  const lks_kv_cache *kv = drafter ? e->mkv : e->kv;
+  if (!kv) return 0;
+  const lks_kv_layer *L = lks_kv_layer_at(kv, 0);
+  return (size_t)lks_kv_n_layers(kv) * 2 * (size_t)L->n_kv_heads * (size_t)L->head_dim;
+}
+
 static int check_slot(const lks_engine *e, uint32_t slot, bool must_be_used) {
   if (slot >= (uint32_t)e->max_slots)
     return lks_set_error(LKS_ERANGE, "slot %u outside [0, %d)", slot, e->max_slots);

@@ -20,7 +20,7 @@ const char *lks_build_id(void) { return LKS_BUILD_ID; }
 
 // ---- fingerprint ----
 
-enum { FP_FIELDS = 12, FP_NAME = 24, FP_VALUE = 104 };
+enum { FP_FIELDS = 13, FP_NAME = 24, FP_VALUE = 104 };
 typedef struct {
   char name[FP_FIELDS][FP_NAME];
   char value[FP_FIELDS][FP_VALUE];
@@ -73,6 +73,8 @@ static int fp_make(fingerprint *f, const lks_settings *s, const char *dir) {
   fp_set(f, 9, "num-drafts", v);
   fp_set(f, 10, "comm", lks_settings_str(s, "comm"));
   fp_set(f, 11, "prefix-cache", lks_settings_bool(s, "prefix-cache") ? "true" : "false");
+  snprintf(v, sizeof v, "%ld", lks_settings_int(s, "kv-blocks"));
+  fp_set(f, 12, "kv-blocks", v);
   return 0;
 }
 
@@ -97,6 +99,86 @@ int lks_world_agree(lks_comm *comm, const lks_settings *s, const char *dir) {
   free(all);
   if (rc == 0 && local_rc < 0) rc = lks_set_error(local_rc, "%s", local_err);
   return rc;
+}
+
+// ---- the KV pool ----
+
+// Bytes of available memory on this machine (MemAvailable), 0 when unknown.
+static double mem_available(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  double kb = 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+  fclose(f);
+  return kb * 1024;
+}
+
+// --kv-memory as bytes on this rank: "8G", "512M", "1000000", or a fraction "0.5" of the
+// available memory.
+static int kv_memory_bytes(const char *text, double *bytes) {
+  char *end;
+  double v = strtod(text, &end);
+  if (end == text || v <= 0) goto bad;
+  if (*end == '\0' && v < 1) {
+    *bytes = v * mem_available();
+    return 0;
+  }
+  double unit = 1;
+  if (*end == 'K' || *end == 'k') unit = 1024.0, end++;
+  else if (*end == 'M' || *end == 'm') unit = 1024.0 * 1024, end++;
+  else if (*end == 'G' || *end == 'g') unit = 1024.0 * 1024 * 1024, end++;
+  else if (*end == 'T' || *end == 't') unit = 1024.0 * 1024 * 1024 * 1024, end++;
+  if (*end == 'B' || *end == 'b') end++;
+  if (*end) goto bad;
+  *bytes = v * unit;
+  return 0;
+bad:
+  return lks_set_error(LKS_EINVAL, "--kv-memory '%.64s': expected bytes (8G, 512M) or a fraction "
+                       "of the available memory (0.5)", text);
+}
+
+// KV blocks per cache: --kv-blocks, or what --kv-memory holds on the rank with the least (a MIN
+// vote: every rank gets the same pool, so every rank makes the same cache decisions), or every
+// slot at --max-seq-len. At least one longest sequence must fit.
+static int kv_blocks(lks_world *w, const lks_settings *s, int max_slots, int *out) {
+  int B = (int)lks_settings_int(s, "kv-block"), max_len = (int)lks_settings_int(s, "max-seq-len");
+  int per_seq = (max_len + B - 1) / B;
+  long fixed = lks_settings_int(s, "kv-blocks");
+  const char *mem = lks_settings_str(s, "kv-memory");
+  *out = max_slots * per_seq;
+  if (fixed > 0) {
+    *out = (int)fixed;
+  } else if (mem && *mem) {
+    // Every rank takes part in the vote, also one whose value does not parse (-1).
+    double bytes = 0;
+    int bad = kv_memory_bytes(mem, &bytes);
+    lks_model_stats st;
+    lks_model_stats_get(w->model, &st);
+    const lks_config *c = lks_model_config(w->model);
+    // Target and drafter layers of this rank's shard, F32.
+    double per_block = (double)st.kv_bytes_per_pos * B * (c->n_layers + c->n_mtp) / c->n_layers;
+    int64_t mine = bad < 0 ? -1 : (int64_t)(bytes / per_block);
+    int64_t *all = calloc((size_t)w->world, sizeof *all);
+    if (!all) return lks_set_error(LKS_ENOMEM, "out of memory");
+    lks_comm_where where = {"kv-memory vote", -1};
+    int rc = w->comm->ops->allgather(w->comm, &mine, all, sizeof mine, where);
+    int64_t least = mine;
+    for (int r = 0; rc == 0 && r < w->world; r++)
+      if (all[r] < least) least = all[r];
+    free(all);
+    LKS_TRY(rc);
+    if (least < 0) return lks_set_error(LKS_EINVAL, "--kv-memory '%.64s' does not parse on every rank", mem);
+    *out = least > (1 << 30) ? (1 << 30) : (int)least;
+    LKS_LOG(LKS_LOG_INFO, "--kv-memory %s: %d KV blocks of %d positions per cache (%.1f MB each "
+            "on this rank; the least of every rank's)", mem, *out, B, per_block / 1e6);
+  }
+  if (*out < per_seq)
+    return lks_set_error(LKS_ECONFIG, "the KV pool has %d blocks; one sequence of --max-seq-len %d "
+                         "needs %d (raise --kv-memory or --kv-blocks, or lower --max-seq-len)",
+                         *out, max_len, per_seq);
+  return 0;
 }
 
 // ---- start and stop ----
@@ -147,6 +229,7 @@ lks_world *lks_world_start(const lks_settings *s, const char *dir, int max_slots
           cfg->architecture, lks_clock() - t0, lks_model_loaded_bytes(w->model) / 1e6);
   lks_engine_opts eo = {0};
   eo.prefix_cache = lks_settings_bool(s, "prefix-cache");
+  if (kv_blocks(w, s, max_slots, &eo.n_blocks) < 0) goto fail;
   w->engine = lks_engine_new(w->model, max_slots, (int)lks_settings_int(s, "max-seq-len"),
                              (int)lks_settings_int(s, "kv-block"), &eo);
   if (!w->engine) goto fail;
