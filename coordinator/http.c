@@ -348,8 +348,9 @@ static void gen_event(gen *g, json_t *j) {
 }
 
 static json_t *usage(const lks_req_news *n) {
-  return json_pack("{s:i, s:i, s:i}", "prompt_tokens", n->n_prompt, "completion_tokens",
-                   n->n_generated, "total_tokens", n->n_prompt + n->n_generated);
+  return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", n->n_prompt, "completion_tokens",
+                   n->n_generated, "total_tokens", n->n_prompt + n->n_generated,
+                   "prompt_tokens_details", "cached_tokens", n->n_cached);
 }
 
 static json_t *chunk(gen *g, const char *text, size_t len, const char *finish) {
@@ -572,6 +573,20 @@ static enum MHD_Result metrics(lks_http *h, struct MHD_Connection *c) {
               (unsigned long long)st.spec.accepted[i]);
   fprintf(f, "# TYPE lockstep_spec_verify_rounds_total counter\nlockstep_spec_verify_rounds_total %llu\n",
           (unsigned long long)st.spec.rounds);
+  fprintf(f, "# HELP lockstep_prefix_cache_hit_tokens_total Prompt tokens the prefix cache gave\n"
+             "# TYPE lockstep_prefix_cache_hit_tokens_total counter\nlockstep_prefix_cache_hit_tokens_total %llu\n"
+             "# HELP lockstep_prefix_cache_hits_total Requests that started from a cached prefix\n"
+             "# TYPE lockstep_prefix_cache_hits_total counter\nlockstep_prefix_cache_hits_total %llu\n"
+             "# TYPE lockstep_prefix_cache_hit_rate gauge\nlockstep_prefix_cache_hit_rate %.4f\n"
+             "# TYPE lockstep_prefix_cache_evictions_total counter\nlockstep_prefix_cache_evictions_total %llu\n"
+             "# HELP lockstep_kv_blocks KV blocks of the target's cache by state (cached: kept by the "
+             "prefix cache, possibly also in use)\n# TYPE lockstep_kv_blocks gauge\n"
+             "lockstep_kv_blocks{state=\"free\"} %d\nlockstep_kv_blocks{state=\"used\"} %d\n"
+             "lockstep_kv_blocks{state=\"cached\"} %d\n",
+          (unsigned long long)st.prefix.hit_tokens, (unsigned long long)st.prefix.lookups,
+          st.prompt_tokens ? (double)st.cached_tokens / (double)st.prompt_tokens : 0.0,
+          (unsigned long long)st.prefix.evicted, st.kv_blocks_free, st.kv_blocks - st.kv_blocks_free,
+          st.prefix.entries);
   fprintf(f, "# HELP lockstep_rank_up Whether each rank is alive and in step (1) or not (0)\n"
              "# TYPE lockstep_rank_up gauge\n");
   bool up = lks_sched_healthy(h->sched);
@@ -666,6 +681,10 @@ static enum MHD_Result admin(lks_http *h, struct MHD_Connection *c, const char *
                                           "num_drafts", st.n_drafts, "ladder", st.ladder));
   }
   if (strcmp(method, "POST") != 0) return fail(h, c, 405, NULL, "use POST");
+  if (!strcmp(url, "/admin/prefix-cache/clear")) {
+    lks_sched_clear_cache(h->sched);
+    return send_json(h, c, 200, json_pack("{s:s}", "status", "clearing at the next step"));
+  }
   if (!strcmp(url, "/admin/drain")) {
     lks_sched_stop(h->sched, true);
     return send_json(h, c, 200, json_pack("{s:s}", "status", "draining"));

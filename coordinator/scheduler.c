@@ -45,6 +45,7 @@ struct lks_req {
   char error[512];
   // Scheduler thread only.
   int slot, n_fed, n_cached;
+  int reserve;  // KV blocks held for it while it runs (the most it can need)
   int32_t last;
   int32_t *hist;  // prompt + generated, for the proposer
   int n_hist, cap_hist;
@@ -99,12 +100,15 @@ struct lks_sched {
   int q_len;
   lks_req **slot;  // [n_slots]
   int n_slots, vocab;
+  int kv_blocks, kv_reserved;  // the pool, and what the running requests may need of it
   bool stopping, draining, failed;
   double stop_at;  // when the drain began
   // Levers: `wanted` is what /admin asked for (under mu), `now` what the last step ran under
   // (scheduler thread only; what stats report, under mu).
   levers wanted, now;
   bool levers_pending;
+  bool clear_pending;  // /admin: drop the prefix cache at the next step (under mu)
+  bool clear_now;      // ... this step (scheduler thread)
   lks_sched_stats st;
   lks_proposer *proposer;  // NULL when speculation is off
   lks_gate gate;
@@ -197,6 +201,7 @@ lks_sched *lks_sched_new(lks_world *w, const lks_tokenizer *tok, const lks_sched
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
   s->n_slots = (int)lks_settings_int(w->settings, "max-slots");
+  s->kv_blocks = lks_engine_n_blocks(w->engine);
   s->vocab = lks_model_config(w->model)->vocab;
   s->slot = calloc((size_t)s->n_slots, sizeof *s->slot);
   if (!s->slot) {
@@ -450,16 +455,28 @@ static void req_fail(lks_req *r, const char *why) {
 static void slot_release(lks_sched *s, int i) {
   lks_req *r = s->slot[i];
   s->slot[i] = NULL;
+  s->kv_reserved -= r->reserve;
   s->st.requests_done++;
   if (r->seq.state) s->proposer->ops->free_state(s->proposer, r->seq.state);
   r->seq.state = NULL;
   req_unref(r);
 }
 
+// The KV blocks a request may need at most: its prompt, its tokens and a last verify's drafts,
+// within --max-seq-len.
+static int kv_need(const lks_sched *s, const lks_req *r) {
+  int64_t pos = (int64_t)r->p.n_prompt + r->p.max_tokens + LKS_MAX_DRAFTS + 1;
+  if (pos > s->o.max_len) pos = s->o.max_len;
+  int B = lks_engine_block_size(s->w->engine);
+  return (int)((pos + B - 1) / B);
+}
+
 // A queued request takes slot i (under s->mu).
 static void slot_take(lks_sched *s, lks_req *r, int i) {
   r->slot = i;
   s->slot[i] = r;
+  r->reserve = kv_need(s, r);
+  s->kv_reserved += r->reserve;
   // Every position the sequence may hold, and the drafts of a last verify.
   int64_t cap = (int64_t)r->p.n_prompt + r->p.max_tokens;
   if (cap > s->o.max_len) cap = s->o.max_len;
@@ -493,13 +510,16 @@ static bool admit(lks_sched *s, int *n_free, int *n_alloc) {
   for (int i = 0; i < s->n_slots && s->q_head; i++) {
     if (s->slot[i]) continue;
     lks_req *r = s->q_head;
+    pthread_mutex_lock(&r->mu);
+    bool gone = r->cancelled;
+    pthread_mutex_unlock(&r->mu);
+    // In order: the head waits until the KV pool can hold everything it may need (blocks that
+    // only the prefix cache holds are given back on demand, so they count as free).
+    if (!gone && s->kv_reserved + kv_need(s, r) > s->kv_blocks) break;
     s->q_head = r->next;
     if (!s->q_head) s->q_tail = NULL;
     s->q_len--;
     r->next = NULL;
-    pthread_mutex_lock(&r->mu);
-    bool gone = r->cancelled;
-    pthread_mutex_unlock(&r->mu);
     if (gone) {  // its client left while it waited
       s->st.requests_cancelled++;
       req_unref(r);
@@ -511,6 +531,8 @@ static bool admit(lks_sched *s, int *n_free, int *n_alloc) {
   }
   bool changed = s->levers_pending;
   s->levers_pending = false;
+  s->clear_now = s->clear_pending;
+  s->clear_pending = false;
   if (changed) s->now = s->wanted;
   pthread_mutex_unlock(&s->mu);
   return changed;
@@ -555,6 +577,12 @@ static int attach(lks_sched *s, int n_alloc) {
 // forward.
 static int announce(lks_sched *s, int n_free, int n_alloc, bool levers) {
   LKS_TRY(lks_world_slots(s->w, LOCKSTEP__CMD_TYPE__EP_CMD_FREE_SLOT, s->m.to_free, n_free));
+  if (s->clear_now) {
+    Lockstep__Command clear = LOCKSTEP__COMMAND__INIT;
+    clear.type = LOCKSTEP__CMD_TYPE__EP_CMD_CLEAR_CACHE;
+    LKS_TRY(lks_world_submit(s->w, &clear, NULL));
+    s->clear_now = false;
+  }
   LKS_TRY(lks_world_slots(s->w, LOCKSTEP__CMD_TYPE__EP_CMD_ALLOC_SLOT, s->m.to_alloc, n_alloc));
   LKS_TRY(attach(s, n_alloc));
   if (!levers) return 0;
@@ -790,6 +818,8 @@ static void gauges(lks_sched *s) {
   int tfree, dfree;
   lks_engine_free_blocks(s->w->engine, &tfree, &dfree);
   s->st.kv_blocks_free = tfree;
+  s->st.kv_blocks = s->kv_blocks;
+  lks_engine_prefix_stats(s->w->engine, &s->st.prefix);
 }
 
 // The step's figures: metrics, the gate and the speculation rates (plain or speculative steps
@@ -871,7 +901,7 @@ int lks_sched_run(lks_sched *s) {
       pthread_mutex_unlock(&s->mu);
       return 0;
     }
-    if (rc == 0 && !busy && !s->levers_pending) {
+    if (rc == 0 && !busy && !s->levers_pending && !s->clear_pending) {
       struct timespec dl;
       deadline_in(&dl, 0.05);
       pthread_cond_timedwait(&s->cv, &s->mu, &dl);
@@ -927,6 +957,13 @@ int lks_req_tokens(lks_req *r, int32_t **ids) {
   if (*ids && n) memcpy(*ids, r->ids, (size_t)n * sizeof **ids);
   pthread_mutex_unlock(&r->mu);
   return *ids ? n : 0;
+}
+
+void lks_sched_clear_cache(lks_sched *s) {
+  pthread_mutex_lock(&s->mu);
+  s->clear_pending = true;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
 }
 
 int lks_sched_run_one(lks_sched *s, lks_req_params *p) {

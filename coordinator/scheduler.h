@@ -106,6 +106,9 @@ bool lks_sched_draining(const lks_sched *s);
 // outside 0..LKS_MAX_DRAFTS or a ladder that does not parse.
 int lks_sched_set_levers(lks_sched *s, bool speculation, int n_drafts, const char *ladder);
 
+// Drops every cached prefix no sequence holds, on every rank, at the next step boundary.
+void lks_sched_clear_cache(lks_sched *s);
+
 // Counters for /metrics (a consistent snapshot).
 enum { LKS_HIST_BUCKETS = 12 };
 typedef struct lks_hist {
@@ -117,7 +120,8 @@ typedef struct lks_hist {
 typedef struct lks_sched_stats {
   uint64_t prompt_tokens, generated_tokens, requests_done, requests_cancelled, steps;
   uint64_t cached_tokens;  // prompt tokens the prefix cache gave
-  int queue_depth, slots_in_use, slots, kv_blocks_free;
+  int queue_depth, slots_in_use, slots, kv_blocks_free, kv_blocks;
+  lks_prefix_stats prefix;  // the prefix cache: lookups, tokens given, entries, evictions
   lks_hist ttft, itl, step;
   bool speculation;  // the levers in force
   int n_drafts;

@@ -119,6 +119,7 @@ int lks_engine_prefix_match(const lks_engine *e, const int32_t *tok, int n, bool
   return e->prefix ? lks_prefix_match(e->prefix, tok, n, drafter) : 0;
 }
 int lks_engine_block_size(const lks_engine *e) { return lks_kv_block_size(e->kv); }
+int lks_engine_n_blocks(const lks_engine *e) { return lks_kv_n_blocks(e->kv); }
 void lks_engine_prefix_stats(const lks_engine *e, lks_prefix_stats *st) {
   memset(st, 0, sizeof *st);
   if (e->prefix) lks_prefix_stats_get(e->prefix, st);

@@ -51,6 +51,8 @@ int lks_engine_slot_len(const lks_engine *e, int slot);
 // MTP layer; and the block size. The same on every rank.
 int lks_engine_prefix_match(const lks_engine *e, const int32_t *tok, int n, bool drafter);
 int lks_engine_block_size(const lks_engine *e);
+// KV blocks in each cache's pool.
+int lks_engine_n_blocks(const lks_engine *e);
 // For tests: the K and V rows of every layer at one position of a slot, in the target's cache or
 // the drafter's, as f32 into out[lks_engine_kv_row_floats(e, drafter)].
 int lks_engine_kv_read(const lks_engine *e, int slot, bool drafter, int pos, float *out);
