@@ -112,6 +112,10 @@ static void bench_token(void *ctx, int32_t tok, bool eos) {
 // speculation statistics into *st when st is set.
 static int bench_run(lks_world *w, const lks_sched_opts *o, const int32_t *tok, int n_pre,
                      int n_gen, bench_clock *c, lks_spec_stats *st) {
+  // Every run prefills its whole prompt: nothing from the prefix cache.
+  Lockstep__Command clear = LOCKSTEP__COMMAND__INIT;
+  clear.type = LOCKSTEP__CMD_TYPE__EP_CMD_CLEAR_CACHE;
+  LKS_TRY(lks_world_submit(w, &clear, NULL));
   lks_sched *sched = lks_sched_new(w, NULL, o);
   if (!sched) return -1;
   lks_req_params p = {0};
@@ -133,6 +137,32 @@ static int bench_run(lks_world *w, const lks_sched_opts *o, const int32_t *tok, 
     *st = ss.spec;
   }
   lks_sched_free(sched);
+  return rc;
+}
+
+// Median times of n_dec tokens after the prompt without speculation and with proposer `spec`.
+static int bench_spec(lks_world *w, lks_sched_opts *so, const char *spec, const int32_t *tok,
+                      int n_pre, int n_dec, int reps, double *t_plain, double *t_spec,
+                      lks_spec_stats *sst) {
+  double *a = malloc((size_t)reps * sizeof *a), *b = malloc((size_t)reps * sizeof *b);
+  int rc = a && b ? 0 : lks_set_error(LKS_ENOMEM, "out of memory");
+  for (int r = 0; rc == 0 && r < reps; r++) {
+    bench_clock bc = {w, 0, 0, 0, 0, 0, 0};
+    double t0 = lks_now();
+    snprintf(so->spec, sizeof so->spec, "off");
+    rc = bench_run(w, so, tok, n_pre, n_dec, &bc, NULL);
+    a[r] = lks_now() - t0;
+    t0 = lks_now();
+    snprintf(so->spec, sizeof so->spec, "%s", spec);
+    if (rc == 0) rc = bench_run(w, so, tok, n_pre, n_dec, &bc, sst);
+    b[r] = lks_now() - t0;
+  }
+  if (rc == 0) {
+    *t_plain = median(a, reps);
+    *t_spec = median(b, reps);
+  }
+  free(a);
+  free(b);
   return rc;
 }
 
@@ -185,34 +215,9 @@ int lks_cmd_bench(lks_settings *s) {
   const char *spec = lks_settings_str(s, "spec");
   lks_spec_stats sst = {0};
   double t_plain_run = 0, t_spec_run = 0;
-  if (strcmp(spec, "off") != 0) {
-    double *a = malloc((size_t)reps * sizeof *a), *b = malloc((size_t)reps * sizeof *b);
-    if (!a || !b) {
-      free(a);
-      free(b);
-      goto fail;
-    }
-    for (int r = 0; r < reps; r++) {
-      bench_clock bc = {w, 0, 0, 0, 0, 0, 0};
-      double t0 = lks_now();
-      snprintf(so.spec, sizeof so.spec, "off");
-      int rc1 = bench_run(w, &so, tok, n_pre, n_dec, &bc, NULL);
-      a[r] = lks_now() - t0;
-      t0 = lks_now();
-      snprintf(so.spec, sizeof so.spec, "%s", spec);
-      int rc2 = rc1 < 0 ? rc1 : bench_run(w, &so, tok, n_pre, n_dec, &bc, &sst);
-      b[r] = lks_now() - t0;
-      if (rc2 < 0) {
-        free(a);
-        free(b);
-        goto fail;
-      }
-    }
-    t_plain_run = median(a, reps);
-    t_spec_run = median(b, reps);
-    free(a);
-    free(b);
-  }
+  if (strcmp(spec, "off") != 0 &&
+      bench_spec(w, &so, spec, tok, n_pre, n_dec, reps, &t_plain_run, &t_spec_run, &sst) < 0)
+    goto fail;
   double rtt = heartbeat_rtt(w, 200);
   lks_model_stats st;
   lks_model_stats_get(w->model, &st);
