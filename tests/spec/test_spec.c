@@ -74,6 +74,96 @@ static int run(lks_world *w, const char *spec, int k, const int32_t *prompt, int
   return rc;
 }
 
+static bool same(const sink *a, const sink *b) {
+  return a->n == b->n && !memcmp(a->tok, b->tok, (size_t)a->n * sizeof *a->tok);
+}
+
+// One prompt: plain, mtp K = 1..4 and ngram greedy (the counts to out), then sampling with and
+// without speculation. 0, or -1 when a run failed.
+static int check_prompt(lks_world *w, const char *line, const int32_t *prompt, int n, int n_gen,
+                        int index, FILE *out, sink *base, sink *got) {
+  lks_spec_stats st;
+  if (run(w, "off", 0, prompt, n, n_gen, base, &st) < 0) return -1;
+  fprintf(out, "%s\n {\"prompt\": \"%s\", \"tokens\": [", index ? "," : "", line);
+  for (int i = 0; i < base->n; i++) fprintf(out, "%s%d", i ? ", " : "", base->tok[i]);
+  fprintf(out, "], \"mtp\": {");
+  for (int k = 1; k <= 4; k++) {
+    if (run(w, "mtp", k, prompt, n, n_gen, got, &st) < 0) return -1;
+    if (!same(got, base)) {
+      printf("FAIL: prompt %d, mtp K=%d: tokens differ from decoding without speculation\n", index, k);
+      failures++;
+    }
+    fprintf(out, "%s\"%d\": {\"proposed\": [", k > 1 ? ", " : "", k);
+    for (int i = 0; i < k; i++) fprintf(out, "%s%llu", i ? ", " : "", (unsigned long long)st.proposed[i]);
+    fprintf(out, "], \"accepted\": [");
+    for (int i = 0; i < k; i++) fprintf(out, "%s%llu", i ? ", " : "", (unsigned long long)st.accepted[i]);
+    fprintf(out, "], \"rounds\": %llu}", (unsigned long long)st.rounds);
+  }
+  if (run(w, "ngram", 3, prompt, n, n_gen, got, &st) < 0) return -1;
+  if (!same(got, base)) {
+    printf("FAIL: prompt %d, ngram: tokens differ from decoding without speculation\n", index);
+    failures++;
+  }
+  fprintf(out, "}, \"ngram_accepted\": %llu}", (unsigned long long)(st.accepted[0] + st.accepted[1] + st.accepted[2]));
+  // Sampling (temperature 0.8, top-p 0.9, one seed): the same tokens with and without
+  // speculation, since each token is drawn from a generator seeded by its index alone.
+  temperature = 0.8f;
+  int rc = run(w, "off", 0, prompt, n, n_gen, base, &st);
+  for (int k = 1; rc == 0 && k <= 4; k += 3) {
+    rc = run(w, "mtp", k, prompt, n, n_gen, got, &st);
+    if (rc == 0 && !same(got, base)) {
+      printf("FAIL: prompt %d, sampling, mtp K=%d: tokens differ from sampling without "
+             "speculation\n", index, k);
+      failures++;
+    }
+  }
+  temperature = 0;
+  return rc;
+}
+
+// LEAK_SEQS sequences decoded speculatively and freed: every KV block of both caches free again
+// (after the prefix cache lets go of what it keeps).
+static int leak_test(lks_world *w, int leak, int vocab, sink *got) {
+  int t0, d0, t1, d1;
+  if (clear_cache(w) < 0) return -1;
+  lks_engine_free_blocks(w->engine, &t0, &d0);
+  int32_t prompt[12];
+  for (int i = 0; i < leak; i++) {
+    for (int j = 0; j < 12; j++) prompt[j] = (int32_t)((i * 7 + j * 13) % vocab);
+    lks_spec_stats st;
+    if (run(w, i % 2 ? "mtp" : "ngram", 1 + i % 4, prompt, 12, 8, got, &st) < 0) return -1;
+  }
+  if (clear_cache(w) < 0) return -1;
+  lks_engine_free_blocks(w->engine, &t1, &d1);
+  bool ok = t0 == t1 && d0 == d1;
+  printf("%d sequences decoded speculatively and freed: KV blocks free %d/%d (target), %d/%d "
+         "(drafter) %s\n", leak, t1, t0, d1, d0, ok ? "ok" : "FAIL");
+  failures += !ok;
+  return 0;
+}
+
+// Levers: set on every rank at the same step; a propose beyond them is refused (by rank 0 before
+// it is sent, and by every worker), one within them runs.
+static int levers_test(lks_world *w, sink *got) {
+  Lockstep__Levers lv = LOCKSTEP__LEVERS__INIT;
+  lv.n_drafts = 2;
+  lv.speculation = true;
+  Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
+  cmd.type = LOCKSTEP__CMD_TYPE__EP_CMD_SET_LEVERS;
+  cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_LEVERS;
+  cmd.levers = &lv;
+  if (lks_world_submit(w, &cmd, NULL) < 0) return -1;
+  int32_t prompt[4] = {1, 2, 3, 4};
+  lks_spec_stats st;
+  bool refused = run(w, "mtp", 3, prompt, 4, 8, got, &st) < 0 &&
+                 strstr(lks_last_error(), "the levers allow 2") != NULL;
+  bool allowed = run(w, "mtp", 2, prompt, 4, 8, got, &st) == 0;
+  printf("levers: 3 drafts refused (%s), 2 drafts run (%s)\n", refused ? "ok" : "FAIL",
+         allowed ? "ok" : "FAIL");
+  failures += !refused + !allowed;
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc < 4) {
     fprintf(stderr, "usage: %s MODEL_DIR PROMPTS OUT.json [N_GEN] [LEAK_SEQS]\n", argv[0]);
@@ -103,7 +193,6 @@ int main(int argc, char **argv) {
     perror("prompts / output");
     lks_mpi_abort(2);
   }
-  const char *mtp = "mtp", *ng = "ngram";
   int vocab = lks_model_config(w->model)->vocab;
   char line[8192];
   int n_prompts = 0;
@@ -118,44 +207,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "prompt %d: %s\n", n_prompts, lks_last_error());
       lks_mpi_abort(2);
     }
-    lks_spec_stats st;
-    if (run(w, "off", 0, prompt, n, n_gen, &base, &st) < 0) goto fail;
-    fprintf(out, "%s\n {\"prompt\": \"%s\", \"tokens\": [", n_prompts ? "," : "", line);
-    for (int i = 0; i < base.n; i++) fprintf(out, "%s%d", i ? ", " : "", base.tok[i]);
-    fprintf(out, "], \"mtp\": {");
-    for (int k = 1; k <= 4; k++) {
-      if (run(w, mtp, k, prompt, n, n_gen, &got, &st) < 0) goto fail;
-      bool same = got.n == base.n && !memcmp(got.tok, base.tok, (size_t)got.n * sizeof *got.tok);
-      if (!same) {
-        printf("FAIL: prompt %d, mtp K=%d: tokens differ from decoding without speculation\n",
-               n_prompts, k);
-        failures++;
-      }
-      fprintf(out, "%s\"%d\": {\"proposed\": [", k > 1 ? ", " : "", k);
-      for (int i = 0; i < k; i++) fprintf(out, "%s%llu", i ? ", " : "", (unsigned long long)st.proposed[i]);
-      fprintf(out, "], \"accepted\": [");
-      for (int i = 0; i < k; i++) fprintf(out, "%s%llu", i ? ", " : "", (unsigned long long)st.accepted[i]);
-      fprintf(out, "], \"rounds\": %llu}", (unsigned long long)st.rounds);
-    }
-    if (run(w, ng, 3, prompt, n, n_gen, &got, &st) < 0) goto fail;
-    if (got.n != base.n || memcmp(got.tok, base.tok, (size_t)got.n * sizeof *got.tok)) {
-      printf("FAIL: prompt %d, ngram: tokens differ from decoding without speculation\n", n_prompts);
-      failures++;
-    }
-    fprintf(out, "}, \"ngram_accepted\": %llu}", (unsigned long long)(st.accepted[0] + st.accepted[1] + st.accepted[2]));
-    // Sampling (temperature 0.8, top-p 0.9, one seed): the same tokens with and without
-    // speculation, since each token is drawn from a generator seeded by its index alone.
-    temperature = 0.8f;
-    if (run(w, "off", 0, prompt, n, n_gen, &base, &st) < 0) goto fail;
-    for (int k = 1; k <= 4; k += 3) {
-      if (run(w, mtp, k, prompt, n, n_gen, &got, &st) < 0) goto fail;
-      if (got.n != base.n || memcmp(got.tok, base.tok, (size_t)got.n * sizeof *got.tok)) {
-        printf("FAIL: prompt %d, sampling, mtp K=%d: tokens differ from sampling without "
-               "speculation\n", n_prompts, k);
-        failures++;
-      }
-    }
-    temperature = 0;
+    if (check_prompt(w, line, prompt, n, n_gen, n_prompts, out, &base, &got) < 0) goto fail;
     free(prompt);
     n_prompts++;
   }
@@ -164,44 +216,8 @@ int main(int argc, char **argv) {
   fclose(in);
   printf("%d prompts x (mtp K=1..4, ngram) at world %d: %s\n", n_prompts, w->world,
          failures ? "tokens DIFFER" : "tokens identical to decoding without speculation");
-  if (leak > 0) {
-    int t0, d0, t1, d1;
-    if (clear_cache(w) < 0) goto fail;
-    lks_engine_free_blocks(w->engine, &t0, &d0);
-    int32_t prompt[12];
-    for (int i = 0; i < leak; i++) {
-      for (int j = 0; j < 12; j++) prompt[j] = (int32_t)((i * 7 + j * 13) % vocab);
-      lks_spec_stats st;
-      if (run(w, i % 2 ? mtp : ng, 1 + i % 4, prompt, 12, 8, &got, &st) < 0) goto fail;
-    }
-    // What the prefix cache keeps is dropped first: then every block must be free again.
-    if (clear_cache(w) < 0) goto fail;
-    lks_engine_free_blocks(w->engine, &t1, &d1);
-    bool ok = t0 == t1 && d0 == d1;
-    printf("%d sequences decoded speculatively and freed: KV blocks free %d/%d (target), %d/%d "
-           "(drafter) %s\n", leak, t1, t0, d1, d0, ok ? "ok" : "FAIL");
-    failures += !ok;
-  }
-  {
-    // Levers: set on every rank at the same step; a propose beyond them is refused (by rank 0
-    // before it is sent, and by every worker), one within them runs.
-    Lockstep__Levers lv = LOCKSTEP__LEVERS__INIT;
-    lv.n_drafts = 2;
-    lv.speculation = true;
-    Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
-    cmd.type = LOCKSTEP__CMD_TYPE__EP_CMD_SET_LEVERS;
-    cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_LEVERS;
-    cmd.levers = &lv;
-    if (lks_world_submit(w, &cmd, NULL) < 0) goto fail;
-    int32_t prompt[4] = {1, 2, 3, 4};
-    lks_spec_stats st;
-    bool refused = run(w, mtp, 3, prompt, 4, 8, &got, &st) < 0 &&
-                   strstr(lks_last_error(), "the levers allow 2") != NULL;
-    bool allowed = run(w, mtp, 2, prompt, 4, 8, &got, &st) == 0;
-    printf("levers: 3 drafts refused (%s), 2 drafts run (%s)\n", refused ? "ok" : "FAIL",
-           allowed ? "ok" : "FAIL");
-    failures += !refused + !allowed;
-  }
+  if (leak > 0 && leak_test(w, leak, vocab, &got) < 0) goto fail;
+  if (levers_test(w, &got) < 0) goto fail;
   free(base.tok);
   free(got.tok);
   lks_world_stop(w);

@@ -75,6 +75,109 @@ static bool same_ids(json_t *want, const int32_t *got, int n) {
   return true;
 }
 
+// Mismatch counts over the corpus.
+typedef struct {
+  int items, bad_ids, bad_special, bad_text, bad_round, bad_stream, round_checked, prefixes;
+} counts;
+
+// Streaming decode of every prefix of an item with multi-byte characters (bounded for time).
+static void check_prefixes(lks_tokenizer *t, const char *x, uint32_t n, const int32_t *ids, int k,
+                           counts *c) {
+  bool multibyte = false;
+  for (uint32_t i = 0; i < n; i++) multibyte |= (unsigned char)x[i] >= 0x80;
+  if (!multibyte || k > 160) return;
+  for (int p = 0; p <= k; p++) {
+    char *whole, *st;
+    size_t wl, sl;
+    lks_tokenizer_decode(t, ids, p, false, &whole, &wl);
+    st = stream(t, ids, p, &sl);
+    if (sl != wl || memcmp(st, whole, wl) != 0) {
+      if (c->bad_stream++ < 5)
+        fprintf(stderr, "MISMATCH streaming decode of the prefix %d of item %d\n", p, c->items - 1);
+    }
+    c->prefixes++;
+    free(st);
+    free(whole);
+  }
+}
+
+// One corpus item x[0, n) against its expected line e: 0, or -1 when the tokenizer failed.
+static int check_item(lks_tokenizer *t, const char *x, uint32_t n, json_t *e, counts *c) {
+  int32_t *ids, *ids_sp;
+  int k, k_sp;
+  if (lks_tokenizer_encode(t, x, n, false, &ids, &k) < 0 ||
+      lks_tokenizer_encode(t, x, n, true, &ids_sp, &k_sp) < 0) {
+    fprintf(stderr, "tok_compare: item %d: encode failed: %s\n", c->items - 1, lks_last_error());
+    return -1;
+  }
+  if (!same_ids(json_object_get(e, "ids"), ids, k)) {
+    if (c->bad_ids++ < 5) {
+      fprintf(stderr, "MISMATCH ids, item %d (%u bytes): %.*s\n", c->items - 1, n, n > 80 ? 80 : (int)n, x);
+      show_ids("ids", json_object_get(e, "ids"), ids, k);
+    }
+  }
+  if (!same_ids(json_object_get(e, "ids_special"), ids_sp, k_sp)) {
+    if (c->bad_special++ < 5) {
+      fprintf(stderr, "MISMATCH ids with special tokens, item %d\n", c->items - 1);
+      show_ids("ids_special", json_object_get(e, "ids_special"), ids_sp, k_sp);
+    }
+  }
+  char *text;
+  size_t tl;
+  if (lks_tokenizer_decode(t, ids, k, false, &text, &tl) < 0) {
+    fprintf(stderr, "tok_compare: item %d: decode failed: %s\n", c->items - 1, lks_last_error());
+    return -1;
+  }
+  json_t *want = json_object_get(e, "text");
+  if (json_string_length(want) != tl || memcmp(json_string_value(want), text, tl) != 0) {
+    if (c->bad_text++ < 5)
+      fprintf(stderr, "MISMATCH decode, item %d:\n  want: %s\n  got:  %s\n", c->items - 1,
+              json_string_value(want), text);
+  }
+  if (json_is_true(json_object_get(e, "roundtrip"))) {
+    c->round_checked++;
+    if (tl != n || memcmp(text, x, n) != 0) {
+      if (c->bad_round++ < 5) fprintf(stderr, "MISMATCH decode(encode(x)) != x, item %d\n", c->items - 1);
+    }
+  }
+  size_t sl;
+  char *st = stream(t, ids, k, &sl);
+  if (sl != tl || memcmp(st, text, tl) != 0) {
+    if (c->bad_stream++ < 5) fprintf(stderr, "MISMATCH streaming decode, item %d\n", c->items - 1);
+  }
+  free(st);
+  check_prefixes(t, x, n, ids, k, c);
+  free(text);
+  free(ids);
+  free(ids_sp);
+  return 0;
+}
+
+// Encode throughput on one core: the corpus items repeated up to mb megabytes.
+static void bench(lks_tokenizer *t, const char *bin, size_t bin_len, double mb) {
+  size_t want = (size_t)(mb * 1e6), len = 0;
+  char *big = malloc(want + (1 << 20));
+  while (len < want) {
+    size_t o = 0;
+    while (o + 4 <= bin_len && len < want) {
+      uint32_t n;
+      memcpy(&n, bin + o, 4);
+      memcpy(big + len, bin + o + 4, n);
+      len += n;
+      o += 4 + n;
+    }
+  }
+  int32_t *ids;
+  int k;
+  double b0 = now();
+  lks_tokenizer_encode(t, big, len, false, &ids, &k);
+  double dt = now() - b0;
+  printf("bench: encoded %.1f MB into %d ids in %.2f s: %.1f MB/s on one core\n", len / 1e6, k,
+         dt, len / 1e6 / dt);
+  free(ids);
+  free(big);
+}
+
 int main(int argc, char **argv) {
   if (argc < 3) {
     fprintf(stderr, "usage: tok_compare TOKENIZER REF_DIR [--bench MB]\n");
@@ -97,11 +200,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "tok_compare: cannot read the reference output in %s\n", argv[2]);
     return 1;
   }
-  int items = 0, bad_ids = 0, bad_special = 0, bad_text = 0, bad_round = 0, bad_stream = 0;
-  int round_checked = 0, prefixes = 0;
-  size_t off = 0;
+  counts c = {0};
+  size_t off = 0, total_bytes = 0;
   char *line = exp;
-  size_t total_bytes = 0;
   while (off + 4 <= bin_len) {
     uint32_t n;
     memcpy(&n, bin + off, 4);
@@ -114,107 +215,22 @@ int main(int argc, char **argv) {
     json_t *e = json_loads(line, JSON_ALLOW_NUL, &je);
     line = nl + 1;
     if (!e) {
-      fprintf(stderr, "tok_compare: bad expected line %d: %s\n", items, je.text);
+      fprintf(stderr, "tok_compare: bad expected line %d: %s\n", c.items, je.text);
       return 1;
     }
-    items++;
+    c.items++;
     total_bytes += n;
-    int32_t *ids, *ids_sp;
-    int k, k_sp;
-    if (lks_tokenizer_encode(t, x, n, false, &ids, &k) < 0 ||
-        lks_tokenizer_encode(t, x, n, true, &ids_sp, &k_sp) < 0) {
-      fprintf(stderr, "tok_compare: item %d: encode failed: %s\n", items - 1, lks_last_error());
-      return 1;
-    }
-    if (!same_ids(json_object_get(e, "ids"), ids, k)) {
-      if (bad_ids++ < 5) {
-        fprintf(stderr, "MISMATCH ids, item %d (%u bytes): %.*s\n", items - 1, n, n > 80 ? 80 : (int)n, x);
-        show_ids("ids", json_object_get(e, "ids"), ids, k);
-      }
-    }
-    if (!same_ids(json_object_get(e, "ids_special"), ids_sp, k_sp)) {
-      if (bad_special++ < 5) {
-        fprintf(stderr, "MISMATCH ids with special tokens, item %d\n", items - 1);
-        show_ids("ids_special", json_object_get(e, "ids_special"), ids_sp, k_sp);
-      }
-    }
-    char *text;
-    size_t tl;
-    if (lks_tokenizer_decode(t, ids, k, false, &text, &tl) < 0) {
-      fprintf(stderr, "tok_compare: item %d: decode failed: %s\n", items - 1, lks_last_error());
-      return 1;
-    }
-    json_t *want = json_object_get(e, "text");
-    if (json_string_length(want) != tl || memcmp(json_string_value(want), text, tl) != 0) {
-      if (bad_text++ < 5)
-        fprintf(stderr, "MISMATCH decode, item %d:\n  want: %s\n  got:  %s\n", items - 1,
-                json_string_value(want), text);
-    }
-    if (json_is_true(json_object_get(e, "roundtrip"))) {
-      round_checked++;
-      if (tl != n || memcmp(text, x, n) != 0) {
-        if (bad_round++ < 5) fprintf(stderr, "MISMATCH decode(encode(x)) != x, item %d\n", items - 1);
-      }
-    }
-    size_t sl;
-    char *st = stream(t, ids, k, &sl);
-    if (sl != tl || memcmp(st, text, tl) != 0) {
-      if (bad_stream++ < 5) fprintf(stderr, "MISMATCH streaming decode, item %d\n", items - 1);
-    }
-    free(st);
-    // Every prefix of items with multi-byte characters (bounded for time).
-    bool multibyte = false;
-    for (uint32_t i = 0; i < n; i++) multibyte |= (unsigned char)x[i] >= 0x80;
-    if (multibyte && k <= 160) {
-      for (int p = 0; p <= k; p++) {
-        char *whole;
-        size_t wl;
-        lks_tokenizer_decode(t, ids, p, false, &whole, &wl);
-        st = stream(t, ids, p, &sl);
-        if (sl != wl || memcmp(st, whole, wl) != 0) {
-          if (bad_stream++ < 5)
-            fprintf(stderr, "MISMATCH streaming decode of the prefix %d of item %d\n", p, items - 1);
-        }
-        prefixes++;
-        free(st);
-        free(whole);
-      }
-    }
-    free(text);
-    free(ids);
-    free(ids_sp);
+    int rc = check_item(t, x, n, e, &c);
     json_decref(e);
+    if (rc < 0) return 1;
   }
   printf("%s: %d corpus items (%zu bytes): ids %d/%d identical, with special tokens %d/%d, "
          "decode %d/%d, decode(encode(x)) == x %d/%d, streaming %d/%d (+ %d prefixes); load %.2f s\n",
-         argv[1], items, total_bytes, items - bad_ids, items, items - bad_special, items,
-         items - bad_text, items, round_checked - bad_round, round_checked, items - bad_stream, items,
-         prefixes, t_load);
-  int rc = bad_ids || bad_special || bad_text || bad_round || bad_stream || items == 0;
-  if (argc >= 5 && !strcmp(argv[3], "--bench")) {
-    // Encode throughput on one core: the valid items repeated up to MB megabytes.
-    size_t want = (size_t)(atof(argv[4]) * 1e6), len = 0;
-    char *big = malloc(want + (1 << 20));
-    while (len < want) {
-      size_t o = 0;
-      while (o + 4 <= bin_len && len < want) {
-        uint32_t n;
-        memcpy(&n, bin + o, 4);
-        memcpy(big + len, bin + o + 4, n);
-        len += n;
-        o += 4 + n;
-      }
-    }
-    int32_t *ids;
-    int k;
-    double b0 = now();
-    lks_tokenizer_encode(t, big, len, false, &ids, &k);
-    double dt = now() - b0;
-    printf("bench: encoded %.1f MB into %d ids in %.2f s: %.1f MB/s on one core\n", len / 1e6, k,
-           dt, len / 1e6 / dt);
-    free(ids);
-    free(big);
-  }
+         argv[1], c.items, total_bytes, c.items - c.bad_ids, c.items, c.items - c.bad_special,
+         c.items, c.items - c.bad_text, c.items, c.round_checked - c.bad_round, c.round_checked,
+         c.items - c.bad_stream, c.items, c.prefixes, t_load);
+  int rc = c.bad_ids || c.bad_special || c.bad_text || c.bad_round || c.bad_stream || c.items == 0;
+  if (argc >= 5 && !strcmp(argv[3], "--bench")) bench(t, bin, bin_len, atof(argv[4]));
   free(bin);
   free(exp);
   lks_tokenizer_free(t);
