@@ -589,8 +589,8 @@ static enum MHD_Result metrics(lks_http *h, struct MHD_Connection *c) {
           st.prefix.entries);
   fprintf(f, "# HELP lockstep_rank_up Whether each rank is alive and in step (1) or not (0)\n"
              "# TYPE lockstep_rank_up gauge\n");
-  bool up = lks_sched_healthy(h->sched);
-  for (int r = 0; r < h->w->world; r++) fprintf(f, "lockstep_rank_up{rank=\"%d\"} %d\n", r, up ? 1 : 0);
+  for (int r = 0; r < h->w->world && r < LKS_RANKS_SHOWN; r++)
+    fprintf(f, "lockstep_rank_up{rank=\"%d\"} %d\n", r, st.rank_up[r] ? 1 : 0);
   fclose(f);
   const struct {
     const char *name, *help;

@@ -215,6 +215,7 @@ lks_sched *lks_sched_new(lks_world *w, const lks_tokenizer *tok, const lks_sched
   hist_init(&s->st.itl, lat);
   hist_init(&s->st.step, lat);
   s->st.slots = s->n_slots;
+  for (int r = 0; r < LKS_RANKS_SHOWN; r++) s->st.rank_up[r] = true;
   if (o->n_drafts < 0 || o->n_drafts > LKS_MAX_DRAFTS) {
     lks_set_error(LKS_EINVAL, "--num-drafts %d: expected 0..%d", o->n_drafts, LKS_MAX_DRAFTS);
     goto fail;
@@ -809,6 +810,12 @@ static int emit(lks_sched *s, int n, bool *speculated) {
   return produced;
 }
 
+// Which ranks are alive: rank 0 is (it is running this), a worker while its connection is up.
+static void ranks_up(lks_sched *s) {
+  for (int r = 0; r < LKS_RANKS_SHOWN && r < s->w->world; r++)
+    s->st.rank_up[r] = !s->w->ctl || lks_ctl_peer_up(s->w->ctl, r);
+}
+
 // The gauges of /metrics (under s->mu).
 static void gauges(lks_sched *s) {
   s->st.queue_depth = s->q_len;
@@ -819,6 +826,7 @@ static void gauges(lks_sched *s) {
   lks_engine_free_blocks(s->w->engine, &tfree, &dfree);
   s->st.kv_blocks_free = tfree;
   s->st.kv_blocks = s->kv_blocks;
+  ranks_up(s);
   lks_engine_prefix_stats(s->w->engine, &s->st.prefix);
 }
 
@@ -879,6 +887,7 @@ int lks_sched_run(lks_sched *s) {
       LKS_LOG(LKS_LOG_ERROR, "scheduler: the world failed: %s", why);
       pthread_mutex_lock(&s->mu);
       s->failed = true;
+      ranks_up(s);
       for (int i = 0; i < s->n_slots; i++)
         if (s->slot[i]) req_fail(s->slot[i], why);
       for (lks_req *r = s->q_head; r; r = r->next) req_fail(r, why);

@@ -110,7 +110,7 @@ int lks_sched_set_levers(lks_sched *s, bool speculation, int n_drafts, const cha
 void lks_sched_clear_cache(lks_sched *s);
 
 // Counters for /metrics (a consistent snapshot).
-enum { LKS_HIST_BUCKETS = 12 };
+enum { LKS_HIST_BUCKETS = 12, LKS_RANKS_SHOWN = 256 };
 typedef struct lks_hist {
   double le[LKS_HIST_BUCKETS];  // upper bounds, seconds
   uint64_t count[LKS_HIST_BUCKETS + 1];  // per bucket, then +Inf
@@ -122,6 +122,7 @@ typedef struct lks_sched_stats {
   uint64_t cached_tokens;  // prompt tokens the prefix cache gave
   int queue_depth, slots_in_use, slots, kv_blocks_free, kv_blocks;
   lks_prefix_stats prefix;  // the prefix cache: lookups, tokens given, entries, evictions
+  bool rank_up[LKS_RANKS_SHOWN];  // rank 0, and each worker while its connection is up
   lks_hist ttft, itl, step;
   bool speculation;  // the levers in force
   int n_drafts;

@@ -390,3 +390,8 @@ double lks_ctl_last_worker_exec(const lks_ctl *c) {
     if (c->peers[r].exec_s > w) w = c->peers[r].exec_s;
   return w;
 }
+
+bool lks_ctl_peer_up(lks_ctl *c, int rank) {
+  if (rank <= 0 || rank >= c->world || c->rank != 0) return true;
+  return !disconnected(&c->peers[rank]);
+}

@@ -48,6 +48,10 @@ int lks_ctl_ack(lks_ctl *c, uint64_t step, int status, const char *error, double
 // or a worker reported an error.
 int lks_ctl_poll(void *ctl);
 
+// Rank 0: whether worker `rank`'s connection is up (its socket has not dropped). Rank 0 itself
+// and out-of-range ranks read as up.
+bool lks_ctl_peer_up(lks_ctl *c, int rank);
+
 // Rank 0's view of the last acks: the slowest worker's execution time of the last acked step.
 double lks_ctl_last_worker_exec(const lks_ctl *c);
 

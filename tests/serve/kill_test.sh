@@ -34,7 +34,7 @@ grep -q '^data: {"error"' "$stream" && ! grep -q '\[DONE\]' "$stream" \
   || bad "after the failure /health $h, new request $r"
 # Liveness in /metrics while the server is still there: the killed rank 1 reads 0.
 if [ -n "$m" ]; then
-  grep -qx 'lockstep_rank_up{rank="1"} 0' <<< "$m" && ok "/metrics after the failure: $(grep '^lockstep_rank_up' <<< "$m" | tr '\n' ' ')" \
+  grep -qx 'lockstep_rank_up{rank="1"} 0' <<< "$m" && grep -qx 'lockstep_rank_up{rank="0"} 1' <<< "$m" && ok "/metrics after the failure: $(grep '^lockstep_rank_up' <<< "$m" | tr '\n' ' ')" \
     || bad "/metrics after the failure does not show rank 1 down: $(grep '^lockstep_rank_up' <<< "$m" | tr '\n' ' ')"
 else
   echo "note: the server was gone before /metrics could be read; rank liveness not checked"
