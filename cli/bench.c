@@ -166,6 +166,42 @@ static int bench_spec(lks_world *w, lks_sched_opts *so, const char *spec, const 
   return rc;
 }
 
+// The speculation roofline, measured: for K = 1..k_max (the gate off), a speculative step's
+// cost next to a plain step's (the drafter's part and the verify's), the acceptance per
+// position, and from them the best speedup K can give, E[tokens per step] x plain step time /
+// speculative step time, with E = 1 + sum_j prod_{i<=j} alpha_i; then the speedup achieved.
+static int roofline(lks_world *w, lks_sched_opts *so, const char *spec, const int32_t *tok,
+                    int n_pre, int n_dec, int k_max) {
+  lks_spec_stats plain, sp;
+  bench_clock bc = {w, 0, 0, 0, 0, 0, 0};
+  bool gate = so->gate;
+  so->gate = false;
+  snprintf(so->spec, sizeof so->spec, "off");
+  LKS_TRY(bench_run(w, so, tok, n_pre, n_dec, &bc, &plain));
+  double t0 = plain.plain_steps ? plain.t_plain / (double)plain.plain_steps : 0;
+  printf("speculation roofline (--spec %s, the gate off; plain step %.3f ms):\n", spec, t0 * 1e3);
+  printf("  K  verify/plain  draft/plain  E[tokens/step]  roofline  achieved  fraction\n");
+  int rc = 0;
+  for (int k = 1; k <= k_max && rc == 0 && t0 > 0; k++) {
+    snprintf(so->spec, sizeof so->spec, "%s", spec);
+    so->n_drafts = k;
+    if ((rc = bench_run(w, so, tok, n_pre, n_dec, &bc, &sp)) < 0) break;
+    if (!sp.spec_steps) continue;
+    double steps = (double)sp.spec_steps, prop = sp.t_propose / steps;
+    double verify = sp.t_spec / steps - prop, e = 1, run = 1;
+    for (int i = 0; i < k; i++) {
+      run *= sp.proposed[i] ? (double)sp.accepted[i] / (double)sp.proposed[i] : 0;
+      e += run;
+    }
+    double roof = e * t0 / (prop + verify);
+    double achieved = (sp.tok_spec / sp.t_spec) / (plain.tok_plain / plain.t_plain);
+    printf("  %d  %12.2f  %11.3f  %14.3f  %8.2f  %8.2f  %8.2f\n", k, verify / t0, prop / k / t0, e,
+           roof, achieved, achieved / roof);
+  }
+  so->gate = gate;
+  return rc;
+}
+
 int lks_cmd_bench(lks_settings *s) {
   int threads = (int)lks_settings_int(s, "threads");
   if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -241,6 +277,7 @@ int lks_cmd_bench(lks_settings *s) {
   printf("memory bandwidth (measured, %d threads): %.2f GB/s\n", threads, bw / 1e9);
   printf("achieved: %.2f GB/s = %.2f of measured bandwidth (per rank)\n", bytes_tok * dec_tps / 1e9,
          bw > 0 ? bytes_tok * dec_tps / bw : 0.0);
+  if (t_spec_run > 0 && roofline(w, &so, spec, tok, n_pre, n_dec, sst.k_max) < 0) goto fail;
   if (t_spec_run > 0) {
     printf("generate %d tokens after %d (prefill included), --spec %s -k %d: %.2f tokens/s vs %.2f "
            "without (x%.2f)\n",

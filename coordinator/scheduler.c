@@ -833,7 +833,7 @@ static void gauges(lks_sched *s) {
 // The step's figures: metrics, the gate and the speculation rates (plain or speculative steps
 // without prefill rows, which would blur the rates).
 static void account(lks_sched *s, int n_dec, bool prefill, bool speculated, int produced,
-                    double dt) {
+                    double dt, double t_propose) {
   pthread_mutex_lock(&s->mu);
   hist_add(&s->st.step, dt);
   s->st.steps++;
@@ -842,6 +842,8 @@ static void account(lks_sched *s, int n_dec, bool prefill, bool speculated, int 
     lks_spec_stats *sp = &s->st.spec;
     if (speculated) {
       sp->t_spec += dt;
+      sp->t_propose += t_propose;
+      sp->spec_steps++;
       sp->tok_spec += (uint64_t)produced;
     } else {
       sp->plain_steps++;
@@ -860,6 +862,7 @@ int lks_sched_step(lks_sched *s) {
   double t0 = lks_clock();
   int n_dec = propose(s, &k);
   if (n_dec < 0) return n_dec;
+  double t_propose = lks_clock() - t0;
   lks_engine_out out;
   bool prefill, logits, speculated;
   int n = forward(s, n_dec, &out, &prefill, &logits);
@@ -872,7 +875,7 @@ int lks_sched_step(lks_sched *s) {
   }
   LKS_TRY(accept(s, n, &out, logits));
   int produced = emit(s, n, &speculated);
-  account(s, n_dec, prefill, speculated, produced, lks_clock() - t0);
+  account(s, n_dec, prefill, speculated, produced, lks_clock() - t0, t_propose);
   return 1;
 }
 

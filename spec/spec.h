@@ -116,8 +116,10 @@ typedef struct lks_spec_stats {
   int k_max;
   uint64_t proposed[LKS_MAX_DRAFTS], accepted[LKS_MAX_DRAFTS];
   uint64_t rounds, plain_steps, target_forwards, emitted;
-  double t_spec, t_plain;       // seconds in speculative rounds / plain steps
+  double t_spec, t_plain;       // seconds in speculative steps / plain steps
   uint64_t tok_spec, tok_plain;  // tokens they produced
+  uint64_t spec_steps;           // steps that speculated
+  double t_propose;              // seconds of those in proposing (the drafter)
 } lks_spec_stats;
 
 void lks_spec_stats_print(const lks_spec_stats *st, const char *proposer);
