@@ -40,7 +40,7 @@ import gen_model as gm  # noqa: E402  (safetensors writer, initialisers)
 DEFAULTS = dict(
     seed=0, hidden=64, layers=3, first_dense=1, heads=4,
     q_lora=32, kv_lora=32, nope=16, rope=8, v_dim=16,
-    index_heads=4, index_head_dim=16, index_topk=8,
+    index_heads=8, index_head_dim=16, index_topk=8,
     index_topk_freq=1, index_skip_topk_offset=2, index_topk_pattern=None,
     write_indexer_types=0,
     experts=8, shared_experts=1, topk=2, moe_inter=32, inter=96, scale=2.5,
@@ -90,7 +90,7 @@ def parse_args(argv):
     add("--nope", int, "qk_nope_head_dim (16)")
     add("--rope", int, "qk_rope_head_dim (8)")
     add("--v-dim", int, "v_head_dim (16)")
-    add("--index-heads", int, "index_n_heads (4)")
+    add("--index-heads", int, "index_n_heads (8)")
     add("--index-head-dim", int, "index_head_dim (16), >= qk_rope_head_dim")
     add("--index-topk", int, "index_topk (8)")
     add("--index-topk-freq", int, "index_topk_freq (1)")
