@@ -19,8 +19,10 @@ struct lks_kv_cache {
   size_t bytes;
 };
 
-lks_kv_cache *lks_kv_new(lks_backend *be, int n_layers, int n_kv_heads, int head_dim,
-                         int block_size, int n_blocks, int max_seqs, int max_seq_len) {
+// width NULL: K and V pools of n_kv_heads * head_dim; else K pools of width[l] alone.
+static lks_kv_cache *kv_new(lks_backend *be, int n_layers, int n_kv_heads, int head_dim,
+                            const int *width, int block_size, int n_blocks, int max_seqs,
+                            int max_seq_len) {
   lks_kv_cache *kv = calloc(1, sizeof *kv);
   if (!kv) return NULL;
   kv->be = be;
@@ -39,18 +41,20 @@ lks_kv_cache *lks_kv_new(lks_backend *be, int n_layers, int n_kv_heads, int head
   for (int s = 0; s < max_seqs; s++) kv->seq_len[s] = -1;
   for (int b = 0; b < n_blocks; b++) kv->free_list[b] = n_blocks - 1 - b;  // block 0 on top
   kv->n_free = n_blocks;
-  size_t pool = (size_t)n_blocks * block_size * n_kv_heads * head_dim * sizeof(float);
   for (int l = 0; l < n_layers; l++) {
     lks_kv_layer *L = &kv->layers[l];
+    int heads = width ? 1 : n_kv_heads, hd = width ? width[l] : head_dim;
     *L = (lks_kv_layer){.n_blocks = n_blocks, .block_size = block_size,
-                        .n_kv_heads = n_kv_heads, .head_dim = head_dim};
+                        .n_kv_heads = heads, .head_dim = hd};
+    size_t pool = (size_t)n_blocks * block_size * heads * hd * sizeof(float);
+    if (pool == 0) continue;
     L->k = be->ops->buf_alloc(be, pool);
-    L->v = be->ops->buf_alloc(be, pool);
-    if (!L->k || !L->v) {
+    L->v = width ? NULL : be->ops->buf_alloc(be, pool);
+    if (!L->k || (!width && !L->v)) {
       lks_set_error(LKS_ENOMEM, "KV cache: cannot allocate %zu bytes for layer %d", 2 * pool, l);
       goto fail;
     }
-    kv->bytes += 2 * pool;
+    kv->bytes += (width ? 1 : 2) * pool;
   }
   return kv;
 fail:
@@ -58,11 +62,22 @@ fail:
   return NULL;
 }
 
+lks_kv_cache *lks_kv_new(lks_backend *be, int n_layers, int n_kv_heads, int head_dim,
+                         int block_size, int n_blocks, int max_seqs, int max_seq_len) {
+  return kv_new(be, n_layers, n_kv_heads, head_dim, NULL, block_size, n_blocks, max_seqs,
+                max_seq_len);
+}
+
+lks_kv_cache *lks_kv_new_widths(lks_backend *be, int n_layers, const int *width, int block_size,
+                                int n_blocks, int max_seqs, int max_seq_len) {
+  return kv_new(be, n_layers, 0, 0, width, block_size, n_blocks, max_seqs, max_seq_len);
+}
+
 void lks_kv_free(lks_kv_cache *kv) {
   if (!kv) return;
   for (int l = 0; kv->layers && l < kv->n_layers; l++) {
-    kv->be->ops->buf_free(kv->be, kv->layers[l].k);
-    kv->be->ops->buf_free(kv->be, kv->layers[l].v);
+    if (kv->layers[l].k) kv->be->ops->buf_free(kv->be, kv->layers[l].k);
+    if (kv->layers[l].v) kv->be->ops->buf_free(kv->be, kv->layers[l].v);
   }
   free(kv->layers);
   free(kv->block_table);
