@@ -42,7 +42,7 @@
 # Usage:
 #   /usr/bin/python3 tests/reference/glm5_ref.py --model DIR --out FILE \
 #       [--prompt-len 64] [--gen 32] [--chain 3] [--seed 1] \
-#       [--dump-topk FILE] [--index-topk N]
+#       [--dump-topk FILE] [--index-topk N] [--lora-norm-eps hf|config]
 
 import argparse
 import json
@@ -57,7 +57,9 @@ from glm_ref import GlmRef, load_weights, write_safetensors, top2_margin  # noqa
 
 # transformers builds q_a_layernorm / kv_a_layernorm as DeepseekV3RMSNorm(dim)
 # without passing config.rms_norm_eps: their eps is the class default 1e-6
-# (GLM5.md "Norms").  The indexer's k_norm is nn.LayerNorm(dim, eps=1e-6).
+# (MODEL.md's choice, the default here).  vLLM / SGLang pass rms_norm_eps
+# (1e-5 for GLM-5): --lora-norm-eps config selects that (GLM5.md "Norms").
+# The indexer's k_norm is nn.LayerNorm(dim, eps=1e-6) everywhere.
 LORA_NORM_EPS = 1e-6
 INDEXER_LN_EPS = 1e-6
 
@@ -67,7 +69,7 @@ def relu(x):
 
 
 class Glm5Ref(GlmRef):
-    def __init__(self, model_dir, index_topk=None):
+    def __init__(self, model_dir, index_topk=None, lora_eps=None):
         # GlmRef.__init__ is not called: it checks for glm4_moe.  The
         # attributes its reused methods read (W, eps, routing fields, N) are
         # set here.
@@ -144,6 +146,7 @@ class Glm5Ref(GlmRef):
         if len(it) != self.N or it[0] != "full":
             raise ValueError("indexer_types %r: need %d entries, the first 'full'" % (it, self.N))
         self.indexer_full = [t == "full" for t in it]
+        self.lora_eps = LORA_NORM_EPS if lora_eps is None else lora_eps
         self.qk = self.nope + self.r
         self.softmax_scale = self.qk ** -0.5
         assert self.r % 2 == 0 and self.idim >= self.r
@@ -211,13 +214,13 @@ class Glm5Ref(GlmRef):
         a = "model.layers.%d.self_attn." % L
         T = h.shape[0]
         cq = self.rmsnorm_eps(h @ self.w(a + "q_a_proj.weight").T,
-                              self.w(a + "q_a_layernorm.weight"), LORA_NORM_EPS)
+                              self.w(a + "q_a_layernorm.weight"), self.lora_eps)
         q = (cq @ self.w(a + "q_b_proj.weight").T).reshape(T, self.nh, self.qk)
         q_nope, q_pe = q[..., :self.nope], q[..., self.nope:]     # nope first
         q_pe = self.rope(q_pe, pos, self.rope_interleave)
         ckv = h @ self.w(a + "kv_a_proj_with_mqa.weight").T       # [T, kv_lora + r]
         c = self.rmsnorm_eps(ckv[:, :self.kv_lora], self.w(a + "kv_a_layernorm.weight"),
-                             LORA_NORM_EPS)
+                             self.lora_eps)
         k_pe = self.rope(ckv[:, self.kv_lora:], pos, self.rope_interleave)
         return cq, q_nope, q_pe, c, k_pe
 
@@ -418,12 +421,17 @@ def main(argv):
                     help="write the DSA selection per layer to this safetensors file")
     ap.add_argument("--index-topk", type=int, default=None,
                     help="override config index_topk (debugging)")
+    ap.add_argument("--lora-norm-eps", choices=["hf", "config"], default="hf",
+                    help="eps of q_a_layernorm / kv_a_layernorm: 1e-6 as transformers "
+                         "(default, MODEL.md) or config rms_norm_eps as vLLM / SGLang")
     a = ap.parse_args(argv)
     if a.prompt_len < 1 or a.gen < 0 or a.chain < 1:
         sys.exit("glm5_ref.py: need --prompt-len >= 1, --gen >= 0, --chain >= 1")
 
     t0 = time.time()
     m = Glm5Ref(a.model, index_topk=a.index_topk)
+    if a.lora_norm_eps == "config":
+        m.lora_eps = m.eps
     t_load = time.time() - t0
     P, G, V = a.prompt_len, a.gen, m.V
 
@@ -520,7 +528,7 @@ def main(argv):
 
     meta = {"format": "pt", "model": os.path.abspath(a.model),
             "prompt_len": P, "gen": G, "chain": a.chain, "seed": a.seed,
-            "index_topk": m.index_topk,
+            "index_topk": m.index_topk, "lora_norm_eps": m.lora_eps,
             "generator": "tests/reference/glm5_ref.py (float64)"}
     write_safetensors(a.out, outs, meta)
     if a.dump_topk:
