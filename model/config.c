@@ -95,6 +95,11 @@ static int parse_mla(src *s, lks_config *cfg) {
   LKS_TRY(get_int(s, "index_n_heads", &m->index_heads, 32, false));
   LKS_TRY(get_int(s, "index_head_dim", &m->index_dim, 128, false));
   LKS_TRY(get_int(s, "index_topk", &m->index_topk, 2048, false));
+  bool il = true, iil = true;
+  LKS_TRY(get_bool(s, "rope_interleave", &il, true));
+  LKS_TRY(get_bool(s, "indexer_rope_interleave", &iil, true));
+  m->rope_half_split = !il;
+  m->index_rope_half_split = !iil;
   // MLA has one latent "KV head"; num_key_value_heads (= heads in GLM-5's file) plays no part.
   cfg->n_kv_heads = cfg->n_heads;
   cfg->head_dim = m->qk_nope + m->qk_rope;

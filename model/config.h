@@ -22,6 +22,9 @@ typedef struct lks_mla_config {
   int qk_nope, qk_rope, v_head;   // qk_nope_head_dim, qk_rope_head_dim, v_head_dim
   int index_heads, index_dim;     // index_n_heads, index_head_dim
   int index_topk;
+  // RoPE layouts: interleaved pairs (2i, 2i+1) unless the config says rope_interleave /
+  // indexer_rope_interleave false (serving engines read these; transformers always interleaves).
+  bool rope_half_split, index_rope_half_split;
   bool index_full[LKS_MAX_LAYERS + 1];  // per layer (MTP layer last): runs its own indexer
 } lks_mla_config;
 

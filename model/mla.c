@@ -18,7 +18,8 @@
 // (transformers applies apply_rotary_pos_emb_interleave in both; DeepSeek-V3.2's indexer uses
 // half-split, GLM's does not). transformers' helper also permutes the rotated dims (evens, then
 // odds) for q and k alike, which leaves every dot product equal to rotating the pairs in place,
-// as done here. Prefill and decode both use the absorbed form: one code path, and the cache holds
+// as done here. A config with rope_interleave / indexer_rope_interleave false (read by the
+// serving engines, none of GLM-5's) selects half-split for that part. Prefill and decode both use the absorbed form: one code path, and the cache holds
 // only the latent; the score differs from the expanded form only by f32 summation order.
 #include "model/mla.h"
 
@@ -191,14 +192,16 @@ int lks__mla_forward(lks__mla *a, int l, lks_tensor x, lks_tensor h, const lks_k
   for (int i = 0; i < n; i++)
     for (int j = 0; j < nh; j++) a->pos_h[i * nh + j] = pos[i];
   lks_tensor q_pe = lks_tensor_cols(lks_tensor_reshape(q, (int64_t)n * nh, qh), dn, dr);
-  LKS_TRY(o->rope(be, q_pe, dr, dr, c->rope_theta, LKS_ROPE_INTERLEAVED, a->pos_h));
+  lks_rope_layout rl = k->rope_half_split ? LKS_ROPE_HALF_SPLIT : LKS_ROPE_INTERLEAVED;
+  lks_rope_layout il = k->index_rope_half_split ? LKS_ROPE_HALF_SPLIT : LKS_ROPE_INTERLEAVED;
+  LKS_TRY(o->rope(be, q_pe, dr, dr, c->rope_theta, rl, a->pos_h));
 
   // Latent: [c | kpe] = kv_a h; c = RMSNorm(c); RoPE on kpe; cached.
   lks_tensor ckv = act(a->ckv, n, R + dr);
   LKS_TRY(o->matmul(be, ckv, h, L->kv_a, none, false));
   lks_tensor cpart = lks_tensor_cols(ckv, 0, R), kpe = lks_tensor_cols(ckv, R, dr);
   LKS_TRY(o->rmsnorm(be, cpart, cpart, L->kv_a_norm, eps));
-  LKS_TRY(o->rope(be, kpe, dr, dr, c->rope_theta, LKS_ROPE_INTERLEAVED, pos));
+  LKS_TRY(o->rope(be, kpe, dr, dr, c->rope_theta, rl, pos));
   LKS_TRY(o->cache_store(be, lat, ckv, rows));
 
   // The indexer, or the previous full layer's selection.
@@ -207,10 +210,10 @@ int lks__mla_forward(lks__mla *a, int l, lks_tensor x, lks_tensor h, const lks_k
     int nI = k->index_heads, dI = k->index_dim;
     lks_tensor iq = act(a->iq, n, nI * dI), ik = act(a->ik, n, dI), iw = act(a->iw, n, nI);
     LKS_TRY(o->matmul(be, iq, cq, L->iq, none, false));
-    LKS_TRY(o->rope(be, iq, dI, dr, c->rope_theta, LKS_ROPE_INTERLEAVED, pos));
+    LKS_TRY(o->rope(be, iq, dI, dr, c->rope_theta, il, pos));
     LKS_TRY(o->matmul(be, ik, h, L->ik, none, false));
     LKS_TRY(o->layernorm(be, ik, ik, L->ik_w, L->ik_b, eps));
-    LKS_TRY(o->rope(be, ik, dI, dr, c->rope_theta, LKS_ROPE_INTERLEAVED, pos));
+    LKS_TRY(o->rope(be, ik, dI, dr, c->rope_theta, il, pos));
     LKS_TRY(o->cache_store(be, ikeys, ik, rows));
     LKS_TRY(o->matmul(be, iw, h, L->iw, none, false));
     LKS_TRY(o->dsa_select(be, iq, iw, ikeys, rows, nI, 1.0f / sqrtf((float)dI),
