@@ -44,7 +44,7 @@ struct lks_req {
   const char *finish;
   char error[512];
   // Scheduler thread only.
-  int slot, n_fed;
+  int slot, n_fed, n_cached;
   int32_t last;
   int32_t *hist;  // prompt + generated, for the proposer
   int n_hist, cap_hist;
@@ -346,6 +346,7 @@ void lks_req_read(lks_req *r, double timeout_s, lks_req_news *n) {
     }
   }
   n->n_prompt = r->p.n_prompt;
+  n->n_cached = r->n_cached;
   n->n_generated = r->n_generated;
   // Done only once everything delivered has been read.
   n->done = r->done && r->read_off == r->delivered;
@@ -515,10 +516,47 @@ static bool admit(lks_sched *s, int *n_free, int *n_alloc) {
   return changed;
 }
 
-// Announce: the slot changes and the levers, on every rank, before this step's forward.
+// The new sequences whose prompts start with cached blocks start from them (ATTACH_PREFIX),
+// decided from rank 0's own cache after the step's FREE_SLOT put the finished sequences in it;
+// at least the prompt's last token is left to prefill, for the first token's logits.
+static int attach(lks_sched *s, int n_alloc) {
+  step_mem *m = &s->m;
+  int n = 0, B = lks_engine_block_size(s->w->engine);
+  bool drafter = s->proposer && s->proposer->ops->needs_hidden;
+  for (int j = 0; j < n_alloc; j++) {
+    lks_req *r = s->slot[m->to_alloc[j]];
+    int nb = lks_engine_prefix_match(s->w->engine, r->p.prompt, r->p.n_prompt - 1, drafter);
+    if (nb == 0) continue;
+    Lockstep__SlotTokens *st = &m->st[n];
+    lockstep__slot_tokens__init(st);
+    st->slot = (uint32_t)r->slot;
+    st->tokens = r->p.prompt;
+    st->n_tokens = (size_t)nb * B;
+    m->seqs[n++] = st;
+    r->n_fed = r->n_cached = nb * B;
+  }
+  if (n == 0) return 0;
+  Lockstep__Forward f = LOCKSTEP__FORWARD__INIT;
+  f.seqs = m->seqs;
+  f.n_seqs = (size_t)n;
+  f.mtp = drafter;
+  Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
+  cmd.type = LOCKSTEP__CMD_TYPE__EP_CMD_ATTACH_PREFIX;
+  cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_FORWARD;
+  cmd.forward = &f;
+  LKS_TRY(lks_world_submit(s->w, &cmd, NULL));
+  pthread_mutex_lock(&s->mu);
+  for (int i = 0; i < n; i++) s->st.cached_tokens += m->st[i].n_tokens;
+  pthread_mutex_unlock(&s->mu);
+  return 0;
+}
+
+// Announce: the slot changes, cached prefixes and the levers, on every rank, before this step's
+// forward.
 static int announce(lks_sched *s, int n_free, int n_alloc, bool levers) {
   LKS_TRY(lks_world_slots(s->w, LOCKSTEP__CMD_TYPE__EP_CMD_FREE_SLOT, s->m.to_free, n_free));
   LKS_TRY(lks_world_slots(s->w, LOCKSTEP__CMD_TYPE__EP_CMD_ALLOC_SLOT, s->m.to_alloc, n_alloc));
+  LKS_TRY(attach(s, n_alloc));
   if (!levers) return 0;
   Lockstep__Levers lv = LOCKSTEP__LEVERS__INIT;
   lv.speculation = s->now.speculation;

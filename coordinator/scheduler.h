@@ -47,6 +47,7 @@ typedef struct lks_req_news {
   char *text;  // malloc'd, NUL-terminated (the caller frees); NULL when nothing new
   size_t len;
   int n_prompt, n_generated;
+  int n_cached;  // prompt tokens the prefix cache gave (not prefilled)
   bool done;
   const char *finish_reason;  // "stop" or "length" once done
   bool failed;                // the world failed: the request did not complete
@@ -115,6 +116,7 @@ typedef struct lks_hist {
 } lks_hist;
 typedef struct lks_sched_stats {
   uint64_t prompt_tokens, generated_tokens, requests_done, requests_cancelled, steps;
+  uint64_t cached_tokens;  // prompt tokens the prefix cache gave
   int queue_depth, slots_in_use, slots, kv_blocks_free;
   lks_hist ttft, itl, step;
   bool speculation;  // the levers in force

@@ -25,6 +25,8 @@ static const lks_setting_def defs[] = {
     {"max-seq-len", 0, LKS_SET_INT, 16, 1 << 24, "4096", false,
      "longest sequence (prompt + generated) the KV cache holds"},
     {"kv-block", 0, LKS_SET_INT, 1, 1024, "16", false, "tokens per KV cache block"},
+    {"prefix-cache", 0, LKS_SET_BOOL, 0, 0, "true", false,
+     "keep the KV blocks of finished sequences and reuse them for prompts that start the same"},
     {"spec", 0, LKS_SET_STR, 0, 0, "off", true,
      "speculative decoding: off, mtp (the model's MTP layer) or ngram (prompt lookup)"},
     {"num-drafts", 'k', LKS_SET_INT, 1, 16, "3", true, "drafts per speculative round (at most)"},

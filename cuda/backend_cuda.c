@@ -8,19 +8,16 @@
 // and the ops whose results the interface returns in host arrays (route, argmax) and the copies
 // (to_host, from_host) synchronise the stream before returning.
 //
-// Precision: activations, accumulation and the KV cache are f32. Matrix products with at most
-// LKS__CU_GEMV_ROWS activation rows (decode) run a warp-per-output-row kernel that widens the
-// weights exactly and accumulates in f32. With more rows: F32 weights go through cublasSgemm
-// (cuBLAS default math: no TF32 unless NVIDIA_TF32_OVERRIDE asks for it), BF16 weights through
-// cublasGemmEx on BF16 tensor cores with f32 accumulation (CUBLAS_COMPUTE_32F) — the activations
-// are rounded to BF16 for that product, a relative error of about 2^-9 per input — and F16
-// weights are widened to f32 for cublasSgemm.
+// Precision: activations, accumulation and the KV cache are f32. Every matrix product, whatever
+// its number of activation rows, runs one kernel (kernels.cu, "matrix products") that widens the
+// weights exactly and accumulates in f32 in an order fixed by K alone: a row's result does not
+// depend on the batch it is computed in, so speculative verify (several rows per sequence) and
+// plain decode (one) give the same logits bit for bit. No tensor cores: prefill runs at the f32
+// rate, the price of that guarantee.
 //
 // All calls come from the thread that created the backend. Errors of CUDA and cuBLAS become
 // LKS_EBACKEND with the library's message; nothing exits.
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,14 +26,6 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "cuda/cuda_impl.h"
-
-#define LKS_CUBLAS_TRY(expr)                                                              \
-  do {                                                                                    \
-    cublasStatus_t lks__bs = (expr);                                                      \
-    if (lks__bs != CUBLAS_STATUS_SUCCESS)                                                 \
-      return lks_set_error(LKS_EBACKEND, "cublas: %s: %s (%s:%d)", #expr,                 \
-                           cublasGetStatusString(lks__bs), __FILE__, __LINE__);           \
-  } while (0)
 
 struct lks_buf {
   void *d;  // device memory
@@ -49,10 +38,9 @@ enum {
   SC_IDX0,   // ids, positions, slots, gathered rows
   SC_IDX1,   // sequences
   SC_IDX2,   // block tables
-  SC_CONV,   // converted matmul operands
   SC_ROUTE,  // router scores, its bias in f32
   SC_XG,     // expert: gathered rows
-  SC_GUD,    // expert: gate, up, down outputs
+  SC_GUD,    // expert: gate, up (then SwiGLU), down outputs
   SC_W,      // expert weights
   SC_OUT,    // results bound for host arrays
   SC_N
@@ -72,7 +60,6 @@ typedef struct cuda_backend {
   lks_backend base;
   int device;
   cudaStream_t st;
-  cublasHandle_t blas;
   dscratch sc[SC_N];
   char *ring;  // pinned, RING_BYTES; NULL: pageable copies
   int ring_part;    // the half in use
@@ -321,47 +308,16 @@ static int cu_argmax(lks_backend *be, lks_tensor x, int32_t *idx, float *val) {
 
 // ---- matrix products ----
 
-// out [n, M] (row stride ldo) (+)= x [n, K] (row stride ldx) w^T + bias. Row-major products
-// are column-major ones transposed: out^T = W x^T, with W [M, K] read as the transpose of a
-// column-major [K, M] matrix of leading dimension w.ld.
+// out [n, M] (row stride ldo) (+)= x [n, K] (row stride ldx) w^T + bias, for any n.
 static int mm(cuda_backend *c, float *out, int64_t ldo, const float *x, int64_t ldx, int64_t n,
               lks_tensor w, const void *bias, lks_dtype bdt, bool accumulate) {
   int64_t M = w.rows, K = w.cols;
   if (n <= 0 || M <= 0) return 0;
-  if (n <= LKS__CU_GEMV_ROWS) {
-    LKS_CUDA_TRY(lks__cu_gemv(c->st, out, ldo, x, ldx, dp(w), w.dtype, w.ld, bias, bdt, n, M, K,
-                              accumulate));
-    return 0;
-  }
-  if (M > INT_MAX || n > INT_MAX || K > INT_MAX || ldo > INT_MAX || ldx > INT_MAX ||
-      w.ld > INT_MAX)
-    return lks_set_error(LKS_ERANGE, "matmul: dimensions beyond cuBLAS's int range");
-  float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  if (K == 0) {
-    if (!accumulate) {
-      LKS_CUDA_TRY(cudaMemset2DAsync(out, (size_t)ldo * 4, 0, (size_t)M * 4, (size_t)n, c->st));
-    }
-  } else if (w.dtype == LKS_BF16) {
-    void *xb;
-    LKS_TRY(need(c, SC_CONV, (size_t)n * (size_t)K * 2, &xb));
-    LKS_CUDA_TRY(lks__cu_convert(c->st, xb, LKS_BF16, K, x, LKS_F32, ldx, n, K));
-    LKS_CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)M, (int)n, (int)K, &one,
-                                dp(w), CUDA_R_16BF, (int)w.ld, xb, CUDA_R_16BF, (int)K, &beta, out,
-                                CUDA_R_32F, (int)ldo, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  } else {
-    const float *wf = (const float *)dp(w);
-    int64_t ldw = w.ld;
-    if (w.dtype == LKS_F16) {
-      void *wide;
-      LKS_TRY(need(c, SC_CONV, (size_t)M * (size_t)K * 4, &wide));
-      LKS_CUDA_TRY(lks__cu_convert(c->st, wide, LKS_F32, K, dp(w), LKS_F16, w.ld, M, K));
-      wf = wide;
-      ldw = K;
-    }
-    LKS_CUBLAS_TRY(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)M, (int)n, (int)K, &one,
-                               wf, (int)ldw, x, (int)ldx, &beta, out, (int)ldo));
-  }
-  if (bias) LKS_CUDA_TRY(lks__cu_add_bias(c->st, out, ldo, bias, bdt, n, M));
+  if (n > (int64_t)LKS__CU_GEMV_ROWS * 65535)
+    return lks_set_error(LKS_ERANGE, "matmul: %lld rows in one product (at most %d)", (long long)n,
+                         LKS__CU_GEMV_ROWS * 65535);
+  LKS_CUDA_TRY(lks__cu_gemv(c->st, out, ldo, x, ldx, dp(w), w.dtype, w.ld, bias, bdt, n, M, K,
+                            accumulate));
   return 0;
 }
 
@@ -480,30 +436,35 @@ static int cu_expert(lks_backend *be, lks_tensor out, lks_tensor x, const int32_
     LKS_TRY(up(c, SC_W, weights, (size_t)n * sizeof *weights, &w));
     d_w = w;
   }
-  if (n <= LKS__CU_GEMV_ROWS && gate.dtype == up_w.dtype) {
-    // Decode: the gather goes into gate/up, SwiGLU and the weighted scatter-add into down.
-    void *gu;
-    LKS_TRY(need(c, SC_GUD, (size_t)n * 2 * I * sizeof(float), &gu));
-    float *g = gu, *u = g + (size_t)n * I;
-    LKS_CUDA_TRY(lks__cu_gemv_gate_up(c->st, g, u, I, xin, ldx, d_rows, dp(gate), gate.ld,
-                                      dp(up_w), up_w.ld, gate.dtype, n, I, H));
-    LKS_CUDA_TRY(lks__cu_gemv_down_add(c->st, (float *)dp(out), out.ld, d_rows, d_w, g, u, I,
-                                       dp(down_w), down_w.dtype, down_w.ld, n, O, I));
-    return 0;
-  }
-  if (rows) {
-    void *xg;
-    LKS_TRY(need(c, SC_XG, (size_t)n * H * sizeof(float), &xg));
-    LKS_CUDA_TRY(lks__cu_gather_rows(c->st, xg, H, xin, ldx, d_rows, n, H));
-    xin = xg;
-    ldx = H;
-  }
+  if (n > LKS__CU_GEMV_ROWS * 65535)
+    return lks_set_error(LKS_ERANGE, "expert: %d rows in one call", n);
+  // Gate and up in one launch, reading the selected rows in place; SwiGLU once per element; down
+  // with the weighted scatter-add in the same launch when the rows fit one group of the kernel
+  // (it adds repeated rows in order within a group), else into d and then the ordered
+  // scatter-add. Both round exactly alike: a row's result does not depend on n.
   void *gud;
   LKS_TRY(need(c, SC_GUD, (size_t)n * (2 * I + O) * sizeof(float), &gud));
   float *g = gud, *u = g + (size_t)n * I, *d = u + (size_t)n * I;
-  LKS_TRY(mm(c, g, I, xin, ldx, n, gate, NULL, LKS_F32, false));
-  LKS_TRY(mm(c, u, I, xin, ldx, n, up_w, NULL, LKS_F32, false));
+  if (gate.dtype == up_w.dtype) {
+    LKS_CUDA_TRY(lks__cu_gemv_gate_up(c->st, g, u, I, xin, ldx, d_rows, dp(gate), gate.ld,
+                                      dp(up_w), up_w.ld, gate.dtype, n, I, H));
+  } else {
+    if (rows) {
+      void *xg;
+      LKS_TRY(need(c, SC_XG, (size_t)n * H * sizeof(float), &xg));
+      LKS_CUDA_TRY(lks__cu_gather_rows(c->st, xg, H, xin, ldx, d_rows, n, H));
+      xin = xg;
+      ldx = H;
+    }
+    LKS_TRY(mm(c, g, I, xin, ldx, n, gate, NULL, LKS_F32, false));
+    LKS_TRY(mm(c, u, I, xin, ldx, n, up_w, NULL, LKS_F32, false));
+  }
   LKS_CUDA_TRY(lks__cu_swiglu(c->st, g, u, (int64_t)n * I));
+  if (n <= LKS__CU_GEMV_ROWS) {
+    LKS_CUDA_TRY(lks__cu_gemv_down_add(c->st, (float *)dp(out), out.ld, d_rows, d_w, g, I,
+                                       dp(down_w), down_w.dtype, down_w.ld, n, O, I));
+    return 0;
+  }
   LKS_TRY(mm(c, d, O, g, I, n, down_w, NULL, LKS_F32, false));
   LKS_CUDA_TRY(lks__cu_scatter_add(c->st, (float *)dp(out), out.ld, d, O, d_rows, d_w, n, O));
   return 0;
@@ -520,7 +481,6 @@ static void cu_free(lks_backend *be) {
   if (c->ring) cudaFreeHost(c->ring);
   for (int i = 0; i < 2; i++)
     if (c->ring_ev[i]) cudaEventDestroy(c->ring_ev[i]);
-  if (c->blas) cublasDestroy(c->blas);
   if (c->st) cudaStreamDestroy(c->st);
   free(c);
 }
@@ -551,9 +511,6 @@ static const lks_backend_ops cuda_ops = {
 static int init(cuda_backend *c, int device) {
   LKS_CUDA_TRY(cudaSetDevice(device));
   LKS_CUDA_TRY(cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking));
-  LKS_CUBLAS_TRY(cublasCreate(&c->blas));
-  LKS_CUBLAS_TRY(cublasSetStream(c->blas, c->st));
-  LKS_CUBLAS_TRY(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
   for (int i = 0; i < 2; i++)
     LKS_CUDA_TRY(cudaEventCreateWithFlags(&c->ring_ev[i], cudaEventDisableTiming));
   void *ring = NULL;

@@ -27,28 +27,32 @@ extern "C" {
 // the visible devices. Negative LKS_EBACKEND when there is no usable device.
 int lks__cuda_pick_device(int requested);
 
-// Activation rows up to which matmul runs the warp-per-output-row kernel (decode); above, cuBLAS.
+// The activation rows one warp of the matrix kernel serves at once. Every product, whatever its
+// number of rows, runs the same kernel with the same arithmetic per output element (kernels.cu
+// says which), so a row's result does not depend on its batch.
 enum { LKS__CU_GEMV_ROWS = 8 };
 
 cudaError_t lks__cu_embed(cudaStream_t st, float *out, int64_t ldo, const void *table, int dt,
                           int64_t ldt, const int32_t *ids, int64_t n, int64_t H);
 cudaError_t lks__cu_rmsnorm(cudaStream_t st, float *out, int64_t ldo, const float *x, int64_t ldx,
                             const void *w, int wdt, int64_t n, int64_t H, float eps);
-// out[t, m] (+)= sum_k x[t, k] w[m, k] + bias[m], n <= LKS__CU_GEMV_ROWS; bias may be NULL.
+// out[t, m] (+)= sum_k x[t, k] w[m, k] + bias[m], any n; bias may be NULL. Exact f32 products of
+// the widened weights, accumulated in f32.
 cudaError_t lks__cu_gemv(cudaStream_t st, float *out, int64_t ldo, const float *x, int64_t ldx,
                          const void *w, int wdt, int64_t ldw, const void *bias, int bdt,
                          int64_t n, int64_t M, int64_t K, int accumulate);
-// The decode expert in two launches (n <= LKS__CU_GEMV_ROWS, gate and up of one dtype):
-// g[t], u[t] = gate x[rows[t]], up x[rows[t]] (rows NULL: t), both [n, I] with row stride ldo;
-// then out[rows[t]] += scale[t] * down(silu(g[t]) * u[t]) (scale NULL: 1), in row order.
+// The expert's products (gate and up of one dtype): g[t], u[t] = gate x[rows[t]], up x[rows[t]]
+// (rows NULL: t), both [n, I] with row stride ldo; and, on h = silu(g) * u (lks__cu_swiglu),
+// out[rows[t]] = fma(scale[t], down h[t], out[rows[t]]) (scale NULL: 1), in row order within
+// each group of LKS__CU_GEMV_ROWS rows (the caller keeps repeated rows to one group).
 cudaError_t lks__cu_gemv_gate_up(cudaStream_t st, float *g, float *u, int64_t ldo,
                                  const float *x, int64_t ldx, const int32_t *rows,
                                  const void *gate, int64_t ld_gate, const void *up,
                                  int64_t ld_up, int wdt, int64_t n, int64_t I, int64_t K);
 cudaError_t lks__cu_gemv_down_add(cudaStream_t st, float *out, int64_t ldo, const int32_t *rows,
-                                  const float *scale, const float *g, const float *u,
-                                  int64_t ldg, const void *down, int wdt, int64_t ld_down,
-                                  int64_t n, int64_t M, int64_t K);
+                                  const float *scale, const float *h, int64_t ldh,
+                                  const void *down, int wdt, int64_t ld_down, int64_t n,
+                                  int64_t M, int64_t K);
 // dst[r, c] = src[r, c] converted (src F32/BF16/F16; dst F32 or BF16).
 cudaError_t lks__cu_convert(cudaStream_t st, void *dst, int ddt, int64_t ldd, const void *src,
                             int sdt, int64_t lds, int64_t rows, int64_t cols);
@@ -70,7 +74,7 @@ cudaError_t lks__cu_route(cudaStream_t st, const float *logits, int64_t ld, cons
                           float scaling, float *scratch, int32_t *ids, float *w);
 // g = silu(g) * u over `count` contiguous elements.
 cudaError_t lks__cu_swiglu(cudaStream_t st, float *g, const float *u, int64_t count);
-// out[rows[i]] += w[i] * d[i] for i in order (rows NULL: i; w NULL: 1).
+// out[rows[i]] = fma(w[i], d[i], out[rows[i]]) for i in order (rows NULL: i; w NULL: 1).
 cudaError_t lks__cu_scatter_add(cudaStream_t st, float *out, int64_t ldo, const float *d,
                                 int64_t ldd, const int32_t *rows, const float *w, int n,
                                 int64_t cols);

@@ -160,7 +160,8 @@ __global__ void swiglu_k(float *g, const float *u, int64_t count) {
     g[e] = g[e] / (1.0f + expf(-g[e])) * u[e];
 }
 
-// One thread per column walks the rows in order: repeated rows add up as on the CPU.
+// One thread per column walks the rows in order: repeated rows add up as on the CPU. The same
+// rounding as the matrix kernel's mode 2, so that the expert's two paths agree bit for bit.
 __global__ void scatter_add_k(float *out, int64_t ldo, const float *d, int64_t ldd,
                               const int32_t *rows, const float *w, int n, int64_t cols) {
   for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < cols;
@@ -168,7 +169,7 @@ __global__ void scatter_add_k(float *out, int64_t ldo, const float *d, int64_t l
     for (int i = 0; i < n; i++) {
       int64_t r = rows ? rows[i] : i;
       float wi = w ? w[i] : 1.0f;
-      out[r * ldo + c] += wi * d[(int64_t)i * ldd + c];
+      out[r * ldo + c] = __fmaf_rn(wi, d[(int64_t)i * ldd + c], out[r * ldo + c]);
     }
 }
 
@@ -178,19 +179,35 @@ __global__ void gather_rows_k(float *out, int64_t ldo, const float *x, int64_t l
   for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) out[r * ldo + i] = x[s * ldx + i];
 }
 
-// ---- matrix-vector products (decode) ----
+// ---- matrix products ----
 
-// One warp per weight row, for every activation row at once: the weight row is read once per
-// call whatever n is (n <= LKS__CU_GEMV_ROWS), accumulated in f32. Rows m < M belong to w (into
-// out), rows M <= m < M + M2 to w2 (into out2): gate and up of an expert in one launch. The input
-// row t is x[xrows[t]] (x[t] when xrows is NULL), or silu(x[t]) * x2[t] (SwiGLU, CPU formula)
-// when x2 is set. Output row t is orows[t] (t when NULL). mode: 0 store d + b, 1 add d + b,
-// 2 add scale[t] * d (scale NULL: 1) — the expert's weighted scatter-add. The BF16 path loads
-// 8 weights (16 bytes) per lane per step when every row is 16-byte aligned.
+// Every matrix product, whatever its number of activation rows, is this kernel, so that a row's
+// result never depends on the batch it came in (speculative verify batches the rows plain decode
+// computes one by one, and greedy output must not change with it). The arithmetic of one output
+// element (t, m) = sum_k x[t, k] w[m, k] is fixed by K alone:
+//   K is cut into chunks of 8 (chunk c holds k = 8c .. 8c + 7, the last one maybe shorter);
+//   lane l of the warp that owns weight row m takes the chunks c = l, l + 32, l + 64, ... in
+//   increasing order: s = 0, then s = fma(w[k], x[t, k], s) over the chunk's k in order, then
+//   p_l = p_l + s (p_l starts at 0);
+//   the 32 partials are summed by the xor butterfly (offsets 16, 8, 4, 2, 1), which leaves the
+//   same value in every lane (float addition is commutative);
+//   then + bias (when there is one), and for the output modes below one more rounding each.
+// Nothing of this depends on n, on which other rows share the launch, on R (weight rows per
+// warp), on where a row sits in its group of LKS__CU_GEMV_ROWS, or on the 16-byte path (which
+// loads the same chunks and does the same fmas): the fmas and adds are written as __fmaf_rn and
+// __fadd_rn so the compiler cannot contract or reorder them differently in the two paths.
+//
+// One warp owns R weight rows and the activation rows t0 .. t0 + 7 of its group (blockIdx.y):
+// each weight chunk it loads serves up to 8 x R products. Weight rows m < M belong to w (into
+// out), rows M <= m < M + M2 to w2 (into out2): gate and up of an expert in one launch. The
+// input row t is x[xrows[t]] (x[t] when xrows is NULL); output row t is orows[t] (t when NULL).
+// mode: 0 store d (+ b), 1 add d (+ b), 2 out = fma(scale[t], d, out) (scale NULL: 1), the
+// expert's weighted scatter-add. One lane writes all rows of one column in row order: repeated
+// output rows of one group add up in order (the expert path keeps repeated rows to one group).
 struct GemvArgs {
   float *out, *out2;
   int64_t ldo, ldo2;
-  const float *x, *x2;
+  const float *x;
   int64_t ldx;
   const int32_t *xrows, *orows;
   const float *scale;
@@ -202,107 +219,141 @@ struct GemvArgs {
   int mode;
 };
 
-__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+enum { GT = LKS__CU_GEMV_ROWS };  // activation rows per warp
 
-template <int DT, bool VEC>
+template <int DT, bool VEC, int R>
 __global__ void gemv_k(GemvArgs a) {
   int lane = threadIdx.x & 31;
-  int64_t m = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (m >= a.M + a.M2) return;
-  const void *w = a.w;
-  float *out = a.out;
-  int64_t ldw = a.ldw, ldo = a.ldo, mm = m;
-  if (m >= a.M) {
-    w = a.w2;
-    out = a.out2;
-    ldw = a.ldw2;
-    ldo = a.ldo2;
-    mm = m - a.M;
-  }
-  const float *xr[LKS__CU_GEMV_ROWS], *x2r[LKS__CU_GEMV_ROWS];
-  float acc[LKS__CU_GEMV_ROWS];
+  int64_t Mt = a.M + a.M2;
+  int64_t m0 = ((int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
+  if (m0 >= Mt) return;
+  int t0 = (int)blockIdx.y * GT, nt = min(GT, a.n - t0);
+  const char *wr[R];
+  float *orow[R];
+  int64_t ldo[R];
+  bool live[R];
 #pragma unroll
-  for (int t = 0; t < LKS__CU_GEMV_ROWS; t++) {
-    int64_t r = t < a.n ? (a.xrows ? a.xrows[t] : t) : 0;
-    xr[t] = a.x + r * a.ldx;
-    x2r[t] = a.x2 ? a.x2 + r * a.ldx : NULL;
-    acc[t] = 0.0f;
+  for (int r = 0; r < R; r++) {
+    int64_t m = m0 + r;
+    live[r] = m < Mt;
+    if (!live[r]) m = m0;  // computed, never written
+    bool second = m >= a.M;
+    int64_t mm = second ? m - a.M : m;
+    wr[r] = (const char *)row_of(second ? a.w2 : a.w, DT, mm, second ? a.ldw2 : a.ldw);
+    orow[r] = (second ? a.out2 : a.out) + mm;
+    ldo[r] = second ? a.ldo2 : a.ldo;
   }
-  if (VEC) {
-    const uint4 *wr = (const uint4 *)((const uint16_t *)w + mm * ldw);
-    for (int64_t k8 = lane; k8 < a.K / 8; k8 += 32) {
-      uint4 q = __ldg(wr + k8);
-      float wf[8] = {__uint_as_float(q.x << 16), __uint_as_float(q.x & 0xffff0000u),
-                     __uint_as_float(q.y << 16), __uint_as_float(q.y & 0xffff0000u),
-                     __uint_as_float(q.z << 16), __uint_as_float(q.z & 0xffff0000u),
-                     __uint_as_float(q.w << 16), __uint_as_float(q.w & 0xffff0000u)};
+  const float *xr[GT];
+  float acc[R][GT];
 #pragma unroll
-      for (int t = 0; t < LKS__CU_GEMV_ROWS; t++) {
-        if (t >= a.n) break;
-        const float4 *xp = (const float4 *)(xr[t] + k8 * 8);
+  for (int t = 0; t < GT; t++) {
+    int tt = t0 + (t < nt ? t : 0);
+    int64_t row = a.xrows ? a.xrows[tt] : tt;
+    xr[t] = a.x + row * a.ldx;
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r][t] = 0.0f;
+  }
+  int64_t chunks = (a.K + 7) / 8;
+#pragma unroll 2
+  for (int64_t c = lane; c < chunks; c += 32) {
+    int64_t k0 = c * 8;
+    int kn = a.K - k0 < 8 ? (int)(a.K - k0) : 8;
+    float wf[R][8];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      if (VEC) {
+        uint4 q = __ldg((const uint4 *)wr[r] + c);
+        wf[r][0] = __uint_as_float(q.x << 16);
+        wf[r][1] = __uint_as_float(q.x & 0xffff0000u);
+        wf[r][2] = __uint_as_float(q.y << 16);
+        wf[r][3] = __uint_as_float(q.y & 0xffff0000u);
+        wf[r][4] = __uint_as_float(q.z << 16);
+        wf[r][5] = __uint_as_float(q.z & 0xffff0000u);
+        wf[r][6] = __uint_as_float(q.w << 16);
+        wf[r][7] = __uint_as_float(q.w & 0xffff0000u);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) wf[r][i] = i < kn ? load(wr[r], DT, k0 + i) : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < GT; t++) {
+      if (t >= nt) break;
+      float v[8];
+      if (VEC) {
+        const float4 *xp = (const float4 *)(xr[t] + k0);
         float4 p = __ldg(xp), q2 = __ldg(xp + 1);
-        float v[8] = {p.x, p.y, p.z, p.w, q2.x, q2.y, q2.z, q2.w};
-        if (x2r[t]) {
-          const float4 *up = (const float4 *)(x2r[t] + k8 * 8);
-          float4 u0 = __ldg(up), u1 = __ldg(up + 1);
-          float u[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+        v[0] = p.x, v[1] = p.y, v[2] = p.z, v[3] = p.w;
+        v[4] = q2.x, v[5] = q2.y, v[6] = q2.z, v[7] = q2.w;
+      } else {
 #pragma unroll
-          for (int i = 0; i < 8; i++) v[i] = silu_mul(v[i], u[i]);
-        }
+        for (int i = 0; i < 8; i++) v[i] = i < kn ? __ldg(xr[t] + k0 + i) : 0.0f;
+      }
+#pragma unroll
+      for (int r = 0; r < R; r++) {
         float s = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 8; i++) s += wf[i] * v[i];
-        acc[t] += s;
-      }
-    }
-  } else {
-    const void *wr = row_of(w, DT, mm, ldw);
-    for (int64_t k = lane; k < a.K; k += 32) {
-      float wk = load(wr, DT, k);
-#pragma unroll
-      for (int t = 0; t < LKS__CU_GEMV_ROWS; t++) {
-        if (t >= a.n) break;
-        float v = __ldg(xr[t] + k);
-        if (x2r[t]) v = silu_mul(v, __ldg(x2r[t] + k));
-        acc[t] += wk * v;
+        for (int i = 0; i < 8; i++)
+          if (VEC || i < kn) s = __fmaf_rn(wf[r][i], v[i], s);
+        acc[r][t] = __fadd_rn(acc[r][t], s);
       }
     }
   }
-  float b = a.bias ? load(a.bias, a.bdt, mm) : 0.0f;
 #pragma unroll
-  for (int t = 0; t < LKS__CU_GEMV_ROWS; t++) {
-    if (t >= a.n) break;
-    float d = warp_sum(acc[t]);
-    if (lane == 0) {
-      // One thread writes every row of this column in order: repeated output rows add up.
-      float *o = out + (a.orows ? (int64_t)a.orows[t] : (int64_t)t) * ldo + mm;
-      if (a.mode == 0)
-        *o = d + b;
-      else if (a.mode == 1)
-        *o = *o + d + b;
-      else
-        *o += (a.scale ? a.scale[t] : 1.0f) * d;
+  for (int r = 0; r < R; r++) {
+    bool first = m0 + r < a.M;
+    float b = 0.0f;
+    if (a.bias && first) b = load(a.bias, a.bdt, m0 + r);
+#pragma unroll
+    for (int t = 0; t < GT; t++) {
+      if (t >= nt) break;
+      float d = warp_sum(acc[r][t]);
+      if (a.bias && first) d = __fadd_rn(d, b);
+      if (lane == r && live[r]) {
+        int tt = t0 + t;
+        float *o = orow[r] + (a.orows ? (int64_t)a.orows[tt] : (int64_t)tt) * ldo[r];
+        if (a.mode == 0)
+          *o = d;
+        else if (a.mode == 1)
+          *o = __fadd_rn(*o, d);
+        else
+          *o = __fmaf_rn(a.scale ? a.scale[tt] : 1.0f, d, *o);
+      }
     }
   }
 }
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+template <int R>
+void launch_gemv_r(cudaStream_t st, const GemvArgs &a, int wdt, bool vec, dim3 grid) {
+  const int threads = 8 * 32;
+  if (vec)
+    gemv_k<LKS_BF16, true, R><<<grid, threads, 0, st>>>(a);
+  else if (wdt == LKS_BF16)
+    gemv_k<LKS_BF16, false, R><<<grid, threads, 0, st>>>(a);
+  else if (wdt == LKS_F16)
+    gemv_k<LKS_F16, false, R><<<grid, threads, 0, st>>>(a);
+  else
+    gemv_k<LKS_F32, false, R><<<grid, threads, 0, st>>>(a);
+}
+
 cudaError_t launch_gemv(cudaStream_t st, const GemvArgs &a, int wdt) {
   if (a.n <= 0 || a.M + a.M2 <= 0) return cudaGetLastError();
-  const int warps = 8;
-  unsigned grid = (unsigned)((a.M + a.M2 + warps - 1) / warps);
+  int64_t groups = ((int64_t)a.n + GT - 1) / GT;
+  if (groups > 65535) return cudaErrorInvalidValue;
   bool vec = wdt == LKS_BF16 && a.K % 8 == 0 && a.ldw % 8 == 0 && aligned16(a.w) &&
-             a.ldx % 4 == 0 && aligned16(a.x) && (!a.x2 || aligned16(a.x2)) &&
-             (!a.w2 || (a.ldw2 % 8 == 0 && aligned16(a.w2)));
-  if (vec)
-    gemv_k<LKS_BF16, true><<<grid, warps * 32, 0, st>>>(a);
-  else if (wdt == LKS_BF16)
-    gemv_k<LKS_BF16, false><<<grid, warps * 32, 0, st>>>(a);
-  else if (wdt == LKS_F16)
-    gemv_k<LKS_F16, false><<<grid, warps * 32, 0, st>>>(a);
+             a.ldx % 4 == 0 && aligned16(a.x) && (!a.w2 || (a.ldw2 % 8 == 0 && aligned16(a.w2)));
+  // Decode (one group) spreads the weights over as many warps as possible; larger batches give
+  // each warp 4 weight rows, so that every activation chunk it loads serves 4 x 8 products.
+  // Either way the arithmetic of an element is the same (see above).
+  int R = groups == 1 ? 1 : 4;
+  int64_t rows_per_block = 8 * (int64_t)R;
+  dim3 grid((unsigned)((a.M + a.M2 + rows_per_block - 1) / rows_per_block), (unsigned)groups);
+  if (R == 1)
+    launch_gemv_r<1>(st, a, wdt, vec, grid);
   else
-    gemv_k<LKS_F32, false><<<grid, warps * 32, 0, st>>>(a);
+    launch_gemv_r<4>(st, a, wdt, vec, grid);
   return cudaGetLastError();
 }
 
@@ -527,17 +578,16 @@ cudaError_t lks__cu_gemv_gate_up(cudaStream_t st, float *g, float *u, int64_t ld
 }
 
 cudaError_t lks__cu_gemv_down_add(cudaStream_t st, float *out, int64_t ldo, const int32_t *rows,
-                                  const float *scale, const float *g, const float *u,
-                                  int64_t ldg, const void *down, int wdt, int64_t ld_down,
-                                  int64_t n, int64_t M, int64_t K) {
+                                  const float *scale, const float *h, int64_t ldh,
+                                  const void *down, int wdt, int64_t ld_down, int64_t n,
+                                  int64_t M, int64_t K) {
   GemvArgs a = {};
   a.out = out;
   a.ldo = ldo;
   a.orows = rows;
   a.scale = scale;
-  a.x = g;
-  a.x2 = u;
-  a.ldx = ldg;
+  a.x = h;
+  a.ldx = ldh;
   a.w = down;
   a.ldw = ld_down;
   a.M = M;

@@ -16,6 +16,9 @@ struct lks_kv_cache {
   int *seq_blocks;       // [max_seqs] blocks held
   int32_t *free_list;    // stack of free block ids
   int n_free;
+  int32_t *ref;          // [n_blocks] holders of each block: sequences, and the prefix cache
+  int (*evict)(void *ctx, int need);  // frees blocks held only by a cache (may be NULL)
+  void *evict_ctx;
   size_t bytes;
 };
 
@@ -36,7 +39,9 @@ static lks_kv_cache *kv_new(lks_backend *be, int n_layers, int n_kv_heads, int h
   kv->seq_len = malloc((size_t)max_seqs * sizeof(int));
   kv->seq_blocks = calloc((size_t)max_seqs, sizeof(int));
   kv->free_list = malloc((size_t)n_blocks * sizeof(int32_t));
-  if (!kv->layers || !kv->block_table || !kv->seq_len || !kv->seq_blocks || !kv->free_list)
+  kv->ref = calloc((size_t)n_blocks, sizeof(int32_t));
+  if (!kv->layers || !kv->block_table || !kv->seq_len || !kv->seq_blocks || !kv->free_list ||
+      !kv->ref)
     goto fail;
   for (int s = 0; s < max_seqs; s++) kv->seq_len[s] = -1;
   for (int b = 0; b < n_blocks; b++) kv->free_list[b] = n_blocks - 1 - b;  // block 0 on top
@@ -84,6 +89,7 @@ void lks_kv_free(lks_kv_cache *kv) {
   free(kv->seq_len);
   free(kv->seq_blocks);
   free(kv->free_list);
+  free(kv->ref);
   free(kv);
 }
 
@@ -126,14 +132,86 @@ int lks_kv_seq_resize(lks_kv_cache *kv, int seq, int len) {
                          kv->max_blocks * kv->block_size);
   int need = (len + kv->block_size - 1) / kv->block_size;
   int32_t *bt = kv->block_table + (size_t)seq * kv->max_blocks;
-  if (need - kv->seq_blocks[seq] > kv->n_free)
-    return lks_set_error(LKS_EFULL, "KV cache: %d more blocks needed, %d free",
-                         need - kv->seq_blocks[seq], kv->n_free);
-  while (kv->seq_blocks[seq] < need) bt[kv->seq_blocks[seq]++] = kv->free_list[--kv->n_free];
-  while (kv->seq_blocks[seq] > need) kv->free_list[kv->n_free++] = bt[--kv->seq_blocks[seq]];
+  int more = need - kv->seq_blocks[seq];
+  // Blocks that only a cache holds are given back first (the same on every rank).
+  if (more > kv->n_free && kv->evict) kv->evict(kv->evict_ctx, more - kv->n_free);
+  if (more > kv->n_free)
+    return lks_set_error(LKS_EFULL, "KV cache: %d more blocks needed, %d free", more, kv->n_free);
+  while (kv->seq_blocks[seq] < need) {
+    int32_t b = kv->free_list[--kv->n_free];
+    kv->ref[b] = 1;
+    bt[kv->seq_blocks[seq]++] = b;
+  }
+  while (kv->seq_blocks[seq] > need) lks_kv_block_unref(kv, bt[--kv->seq_blocks[seq]]);
   kv->seq_len[seq] = len;
   return 0;
 }
+
+void lks_kv_block_ref(lks_kv_cache *kv, int32_t b) { kv->ref[b]++; }
+
+void lks_kv_block_unref(lks_kv_cache *kv, int32_t b) {
+  if (--kv->ref[b] == 0) kv->free_list[kv->n_free++] = b;
+}
+
+int lks_kv_block_refs(const lks_kv_cache *kv, int32_t b) { return kv->ref[b]; }
+
+int32_t lks_kv_seq_block(const lks_kv_cache *kv, int seq, int i) {
+  return kv->block_table[(size_t)seq * kv->max_blocks + i];
+}
+
+int lks_kv_seq_attach(lks_kv_cache *kv, int seq, const int32_t *blocks, int n, int len) {
+  if (seq < 0 || seq >= kv->max_seqs || kv->seq_len[seq] != 0 || kv->seq_blocks[seq] != 0)
+    return lks_set_error(LKS_EINVAL, "KV cache: attach to sequence %d, which is not new", seq);
+  if (n > kv->max_blocks || len > n * kv->block_size || len < (n - 1) * kv->block_size)
+    return lks_set_error(LKS_ERANGE, "KV cache: %d blocks for %d positions", n, len);
+  int32_t *bt = kv->block_table + (size_t)seq * kv->max_blocks;
+  for (int i = 0; i < n; i++) {
+    bt[i] = blocks[i];
+    kv->ref[blocks[i]]++;
+  }
+  kv->seq_blocks[seq] = n;
+  kv->seq_len[seq] = len;
+  return 0;
+}
+
+int lks_kv_block_copy(lks_kv_cache *kv, int32_t dst, int32_t src) {
+  int B = kv->block_size;
+  int32_t *idx = malloc((size_t)B * sizeof *idx);
+  if (!idx) return lks_set_error(LKS_ENOMEM, "out of memory");
+  for (int i = 0; i < B; i++) idx[i] = src * B + i;
+  int rc = 0;
+  for (int l = 0; l < kv->n_layers && rc == 0; l++) {
+    lks_kv_layer *L = &kv->layers[l];
+    int64_t rows = (int64_t)L->n_blocks * B, w = (int64_t)L->n_kv_heads * L->head_dim;
+    lks_tensor k = lks_tensor_2d(L->k, 0, LKS_F32, rows, w), v = lks_tensor_2d(L->v, 0, LKS_F32, rows, w);
+    rc = kv->be->ops->gather_rows(kv->be, lks_tensor_rows(k, (int64_t)dst * B, B), k, idx);
+    if (rc == 0) rc = kv->be->ops->gather_rows(kv->be, lks_tensor_rows(v, (int64_t)dst * B, B), v, idx);
+  }
+  free(idx);
+  return rc;
+}
+
+int32_t lks_kv_block_take(lks_kv_cache *kv) {
+  if (kv->n_free == 0 && kv->evict) kv->evict(kv->evict_ctx, 1);
+  if (kv->n_free == 0) return lks_set_error(LKS_EFULL, "KV cache: no free block");
+  int32_t b = kv->free_list[--kv->n_free];
+  kv->ref[b] = 1;
+  return b;
+}
+
+void lks_kv_seq_replace_block(lks_kv_cache *kv, int seq, int i, int32_t b) {
+  int32_t *slot = &kv->block_table[(size_t)seq * kv->max_blocks + i];
+  lks_kv_block_unref(kv, *slot);
+  *slot = b;
+}
+
+void lks_kv_set_evict(lks_kv_cache *kv, int (*evict)(void *ctx, int need), void *ctx) {
+  kv->evict = evict;
+  kv->evict_ctx = ctx;
+}
+
+int lks_kv_block_size(const lks_kv_cache *kv) { return kv->block_size; }
+int lks_kv_n_blocks(const lks_kv_cache *kv) { return kv->n_blocks; }
 
 int lks_kv_rows(const lks_kv_cache *kv, lks_attn_rows *rows, int32_t *slot_out) {
   for (int i = 0; i < rows->n; i++) {

@@ -3,7 +3,10 @@
 // sequence slot a block table on the host. Blocks are handed out from a LIFO free list, so the
 // same sequence of calls gives the same blocks on every rank (the lockstep rule of DESIGN.md
 // section 2). Rolling back a sequence (rejected speculative rows) only moves its length; blocks
-// past the new length return to the pool.
+// past the new length are released. Blocks are reference counted: sequences that share a cached
+// prefix hold the same blocks, and a prefix cache (worker/prefix.c) holds the blocks it keeps;
+// a block returns to the free list when its last holder lets go. When a sequence needs blocks
+// and none is free, the eviction hook frees blocks that only a cache holds.
 #ifndef LKS_KV_CACHE_H
 #define LKS_KV_CACHE_H
 
@@ -39,6 +42,28 @@ int lks_kv_seq_resize(lks_kv_cache *kv, int seq, int len);
 int lks_kv_rows(const lks_kv_cache *kv, lks_attn_rows *rows, int32_t *slot_out);
 const lks_kv_layer *lks_kv_layer_at(const lks_kv_cache *kv, int layer);
 int lks_kv_free_blocks(const lks_kv_cache *kv);
+int lks_kv_block_size(const lks_kv_cache *kv);
+int lks_kv_n_blocks(const lks_kv_cache *kv);
+
+// ---- shared blocks (the prefix cache) ----
+// Holders of block b: take one (ref), let one go (unref: the block is free when none is left),
+// count them.
+void lks_kv_block_ref(lks_kv_cache *kv, int32_t b);
+void lks_kv_block_unref(lks_kv_cache *kv, int32_t b);
+int lks_kv_block_refs(const lks_kv_cache *kv, int32_t b);
+// Block i of a sequence's table.
+int32_t lks_kv_seq_block(const lks_kv_cache *kv, int seq, int i);
+// A new sequence (length 0, no blocks) starts with the given n blocks, holding each, at length
+// len (within the last of them).
+int lks_kv_seq_attach(lks_kv_cache *kv, int seq, const int32_t *blocks, int n, int len);
+// A free block, held once (evicting if needed), or LKS_EFULL.
+int32_t lks_kv_block_take(lks_kv_cache *kv);
+// Copies block src's K and V (every layer) into block dst.
+int lks_kv_block_copy(lks_kv_cache *kv, int32_t dst, int32_t src);
+// Puts block b (already held for the sequence) at index i of its table, letting go of the old one.
+void lks_kv_seq_replace_block(lks_kv_cache *kv, int seq, int i, int32_t b);
+// The eviction hook: asked to free at least `need` blocks; returns how many it freed.
+void lks_kv_set_evict(lks_kv_cache *kv, int (*evict)(void *ctx, int need), void *ctx);
 size_t lks_kv_bytes(const lks_kv_cache *kv);
 
 #endif

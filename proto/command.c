@@ -14,6 +14,7 @@ int lks_cmd_payload_matches(const Lockstep__Command *cmd) {
     case LOCKSTEP__CMD_TYPE__EP_CMD_PREFILL:
     case LOCKSTEP__CMD_TYPE__EP_CMD_DECODE:
     case LOCKSTEP__CMD_TYPE__EP_CMD_VERIFY:
+    case LOCKSTEP__CMD_TYPE__EP_CMD_ATTACH_PREFIX:
       return cmd->payload_case == LOCKSTEP__COMMAND__PAYLOAD_FORWARD;
     case LOCKSTEP__CMD_TYPE__EP_CMD_COMMIT:
       return cmd->payload_case == LOCKSTEP__COMMAND__PAYLOAD_COMMIT;
@@ -23,6 +24,7 @@ int lks_cmd_payload_matches(const Lockstep__Command *cmd) {
       return cmd->payload_case == LOCKSTEP__COMMAND__PAYLOAD_LEVERS;
     case LOCKSTEP__CMD_TYPE__EP_CMD_HEARTBEAT:
     case LOCKSTEP__CMD_TYPE__EP_CMD_SHUTDOWN:
+    case LOCKSTEP__CMD_TYPE__EP_CMD_CLEAR_CACHE:
       return cmd->payload_case == LOCKSTEP__COMMAND__PAYLOAD__NOT_SET;
     default:
       return 0;

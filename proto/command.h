@@ -11,7 +11,7 @@
 
 #include "proto/lockstep.pb-c.h"
 
-#define LKS_PROTOCOL_VERSION 1
+#define LKS_PROTOCOL_VERSION 2
 
 // The most drafts one propose or verify may carry (a protocol limit every rank agrees on).
 #define LKS_MAX_DRAFTS 16

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // The GLM chat prompt, rendered natively: byte-identical to what a Jinja engine (the tests use
 // @huggingface/jinja, as transformers.js does) makes of the chat_template that GLM-4.5/4.6 ship
-// in tokenizer_config.json (../shared/data/chat-templates/glm-4.6.jinja), for conversations in
+// in tokenizer_config.json (tests/tokenizer/templates/glm-4.6.jinja), for conversations in
 // the OpenAI-style JSON that template reads:
 //   messages: [{"role": "system"|"user"|"assistant"|"tool", "content": string | [parts] | ...,
 //               "reasoning_content": string?, "tool_calls": [{"function": {"name": ...,

@@ -17,12 +17,15 @@ typedef struct {
   int hid_rows, hid_pos;  // rows kept, position of the first
   int32_t drafts[MAX_DRAFTS];
   int n_drafts, draft_pos;  // position of the verify row that carries the first draft
+  int valid;              // drafter rows [0, valid) pair target hidden states with committed tokens
 } spec_slot;
 
 struct lks_engine {
   lks_model *m;
   lks_kv_cache *kv;
   lks_kv_cache *mkv;  // the MTP layer's cache (NULL without an MTP layer)
+  lks_prefix *prefix; // NULL when the prefix cache is off
+  int32_t *hist;      // [max_slots * max_len] each slot's token at each position
   spec_slot *spec;    // [max_slots]
   lks_buf *stage;     // [cap_stage, H] MTP inputs gathered from several slots
   int cap_stage;
@@ -39,7 +42,8 @@ struct lks_engine {
   int cap_rows, cap_out;
 };
 
-lks_engine *lks_engine_new(lks_model *m, int max_slots, int max_seq_len, int block) {
+lks_engine *lks_engine_new(lks_model *m, int max_slots, int max_seq_len, int block,
+                           const lks_engine_opts *o) {
   lks_engine *e = calloc(1, sizeof *e);
   if (!e) return NULL;
   e->m = m;
@@ -47,7 +51,7 @@ lks_engine *lks_engine_new(lks_model *m, int max_slots, int max_seq_len, int blo
   e->max_drafts = MAX_DRAFTS;
   e->max_slots = max_slots;
   e->max_len = max_seq_len;
-  int blocks = max_slots * ((max_seq_len + block - 1) / block);
+  int blocks = o && o->n_blocks > 0 ? o->n_blocks : max_slots * ((max_seq_len + block - 1) / block);
   e->kv = lks_model_kv_new(m, false, block, blocks, max_slots, max_seq_len);
   if (!e->kv) {
     free(e);
@@ -65,6 +69,11 @@ lks_engine *lks_engine_new(lks_model *m, int max_slots, int max_seq_len, int blo
       if (!e->spec[i].hid) goto fail;
     }
   }
+  if (o && o->prefix_cache) {
+    e->hist = malloc((size_t)max_slots * (size_t)max_seq_len * sizeof *e->hist);
+    e->prefix = lks_prefix_new(lks_model_backend(m), e->kv, e->mkv, lks_model_config(m)->hidden);
+    if (!e->hist || !e->prefix) goto fail;
+  }
   return e;
 fail:
   lks_engine_free(e);
@@ -74,6 +83,8 @@ fail:
 void lks_engine_free(lks_engine *e) {
   if (!e) return;
   lks_backend *be = lks_model_backend(e->m);
+  lks_prefix_free(e->prefix);
+  free(e->hist);
   for (int i = 0; e->spec && i < e->max_slots; i++) be->ops->buf_free(be, e->spec[i].hid);
   free(e->spec);
   be->ops->buf_free(be, e->stage);
@@ -102,6 +113,15 @@ void lks_engine_free_blocks(const lks_engine *e, int *target, int *drafter) {
 }
 int lks_engine_slot_len(const lks_engine *e, int slot) {
   return slot >= 0 && slot < e->max_slots ? lks_kv_seq_len(e->kv, slot) : -1;
+}
+
+int lks_engine_prefix_match(const lks_engine *e, const int32_t *tok, int n, bool drafter) {
+  return e->prefix ? lks_prefix_match(e->prefix, tok, n, drafter) : 0;
+}
+int lks_engine_block_size(const lks_engine *e) { return lks_kv_block_size(e->kv); }
+void lks_engine_prefix_stats(const lks_engine *e, lks_prefix_stats *st) {
+  memset(st, 0, sizeof *st);
+  if (e->prefix) lks_prefix_stats_get(e->prefix, st);
 }
 
 static int check_slot(const lks_engine *e, uint32_t slot, bool must_be_used) {
@@ -187,6 +207,81 @@ static int check_verify_drafts(const lks_engine *e, const Lockstep__Forward *f) 
   return 0;
 }
 
+static lks_tensor hid_view(const lks_engine *e, int slot, int rows);
+
+// A prefix for a new slot: whole blocks, every one of them cached here (the same on every rank,
+// or the ranks' caches diverged).
+static int check_attach(const lks_engine *e, const Lockstep__Forward *f) {
+  if (!e->prefix) return lks_set_error(LKS_EUNSUPPORTED, "attach: the prefix cache is off");
+  int B = lks_kv_block_size(e->kv), vocab = lks_model_config(e->m)->vocab;
+  for (size_t i = 0; i < f->n_seqs; i++) {
+    const Lockstep__SlotTokens *s = f->seqs[i];
+    LKS_TRY(check_slot(e, s->slot, true));
+    if (lks_kv_seq_len(e->kv, (int)s->slot) != 0 || s->start_pos != 0)
+      return lks_set_error(LKS_EINVAL, "attach: slot %u is not new", s->slot);
+    if (s->n_tokens == 0 || s->n_tokens % (size_t)B || s->n_tokens >= (size_t)e->max_len)
+      return lks_set_error(LKS_EINVAL, "attach: slot %u: %zu tokens are not whole blocks of %d",
+                           s->slot, s->n_tokens, B);
+    for (size_t t = 0; t < s->n_tokens; t++)
+      if (s->tokens[t] < 0 || s->tokens[t] >= vocab)
+        return lks_set_error(LKS_ERANGE, "attach: token id %d outside the vocabulary", s->tokens[t]);
+    int have = lks_prefix_match(e->prefix, s->tokens, (int)s->n_tokens, f->mtp);
+    if ((size_t)have * B != s->n_tokens)
+      return lks_set_error(LKS_EFORMAT,
+                           "consistency error: slot %u: a prefix of %zu tokens, %d cached here",
+                           s->slot, s->n_tokens, have * B);
+  }
+  return 0;
+}
+
+static int exec_attach(lks_engine *e, const Lockstep__Forward *f) {
+  for (size_t i = 0; i < f->n_seqs; i++) {
+    const Lockstep__SlotTokens *s = f->seqs[i];
+    int L = (int)s->n_tokens, B = lks_kv_block_size(e->kv);
+    bool drafter = f->mtp && e->mkv;
+    lks_tensor hid = drafter ? hid_view(e, s->slot, 1) : (lks_tensor){0};
+    LKS_TRY(lks_prefix_attach(e->prefix, (int)s->slot, s->tokens, L / B, drafter, hid));
+    memcpy(e->hist + (size_t)s->slot * e->max_len, s->tokens, (size_t)L * sizeof *s->tokens);
+    if (drafter) {
+      // The drafter holds rows [0, L - 1); h_{L-1} waits for the first token after the prefix.
+      spec_slot *sp = &e->spec[s->slot];
+      sp->hid_rows = 1;
+      sp->hid_pos = L - 1;
+      sp->valid = L - 1;
+    }
+  }
+  return 0;
+}
+
+// Before a slot is freed: its full blocks go to the prefix cache.
+static int cache_slot(lks_engine *e, int slot) {
+  if (!e->prefix) return 0;
+  int len = lks_kv_seq_len(e->kv, slot), dlen = 0;
+  if (e->mkv) {
+    dlen = lks_kv_seq_len(e->mkv, slot);
+    if (dlen > e->spec[slot].valid) dlen = e->spec[slot].valid;
+  }
+  return lks_prefix_insert(e->prefix, slot, e->hist + (size_t)slot * e->max_len, len, dlen);
+}
+
+// After a forward: each row's token in the slot's history, and for the prefix cache's drafter
+// part, h at the last position of each block.
+static int record_rows(lks_engine *e, int n, lks_tensor hidden) {
+  if (!e->prefix) return 0;
+  int B = lks_kv_block_size(e->kv);
+  lks_backend *be = lks_model_backend(e->m);
+  for (int r = 0; r < n; r++) {
+    int slot = e->seq[r], pos = e->pos[r];
+    e->hist[(size_t)slot * e->max_len + pos] = e->tok[r];
+    if (e->mkv && pos % B == B - 1) {
+      int32_t row = r;
+      LKS_TRY(be->ops->gather_rows(be, lks_prefix_hidden(e->prefix, lks_kv_seq_block(e->kv, slot, pos / B)),
+                                   hidden, &row));
+    }
+  }
+  return 0;
+}
+
 int lks_engine_check(const lks_engine *e, const Lockstep__Command *cmd) {
   switch (cmd->type) {
     case LOCKSTEP__CMD_TYPE__EP_CMD_MTP_PROPOSE:
@@ -208,6 +303,11 @@ int lks_engine_check(const lks_engine *e, const Lockstep__Command *cmd) {
       if (cmd->forward->mtp && !e->mkv)
         return lks_set_error(LKS_EUNSUPPORTED, "forward for the drafter: this model has no MTP layer");
       if (cmd->type == LOCKSTEP__CMD_TYPE__EP_CMD_VERIFY) return check_verify_drafts(e, cmd->forward);
+      return 0;
+    case LOCKSTEP__CMD_TYPE__EP_CMD_ATTACH_PREFIX:
+      if (!cmd->forward) return lks_set_error(LKS_EINVAL, "attach without payload");
+      return check_attach(e, cmd->forward);
+    case LOCKSTEP__CMD_TYPE__EP_CMD_CLEAR_CACHE:
       return 0;
     case LOCKSTEP__CMD_TYPE__EP_CMD_COMMIT: {
       const Lockstep__Commit *c = cmd->commit;
@@ -317,7 +417,10 @@ static int mtp_after_forward(lks_engine *e, const Lockstep__Forward *f, lks_tens
         e->m_pos[n] = start + j;
         e->m_seq[n++] = (int32_t)s->slot;
       }
-      if (n > first) LKS_TRY(lks_kv_seq_resize(e->mkv, (int)s->slot, e->m_pos[n - 1] + 1));
+      if (n > first) {
+        LKS_TRY(lks_kv_seq_resize(e->mkv, (int)s->slot, e->m_pos[n - 1] + 1));
+        sp->valid = e->m_pos[n - 1] + 1;
+      }
       LKS_TRY(copy_rows(e, hid_view(e, s->slot, 1), 0, hidden, (int)r0 + cnt - 1, 1));
       sp->hid_rows = 1;
       sp->hid_pos = start + cnt - 1;
@@ -364,6 +467,7 @@ static int exec_forward(lks_engine *e, const Lockstep__Forward *f, lks_engine_ou
   lks_batch b = {(int)n, e->tok, e->pos, e->seq, (int)n_out, e->out_rows};
   lks_tensor logits, hidden;
   LKS_TRY(lks_model_forward(e->m, e->kv, &b, n_out ? &logits : NULL, &hidden));
+  LKS_TRY(record_rows(e, (int)n, hidden));
   if (f->mtp) LKS_TRY(mtp_after_forward(e, f, hidden));
   memset(out, 0, sizeof *out);
   out->n = (int)n_out;
@@ -408,6 +512,7 @@ static int exec_propose(lks_engine *e, const Lockstep__MtpPropose *p, lks_engine
     e->spec[s->slot].hid_rows = 0;
     e->spec[s->slot].n_drafts = K;
     e->spec[s->slot].draft_pos = (int)s->start_pos + cnt;
+    e->spec[s->slot].valid = (int)s->start_pos + cnt;
   }
   // n_drafts 0: the catch-up alone (after plain decode steps), no logits.
   lks_batch b = {n, e->m_tok, e->m_pos, e->m_seq, K ? ns : 0, e->m_out};
@@ -457,12 +562,18 @@ int lks_engine_exec(lks_engine *e, const Lockstep__Command *cmd, lks_engine_out 
         LKS_TRY(lks_kv_seq_claim(e->kv, slot));
         if (e->mkv) {
           LKS_TRY(lks_kv_seq_claim(e->mkv, slot));
-          e->spec[slot].hid_rows = e->spec[slot].n_drafts = 0;
+          e->spec[slot].hid_rows = e->spec[slot].n_drafts = e->spec[slot].valid = 0;
         }
       }
       return 0;
+    case LOCKSTEP__CMD_TYPE__EP_CMD_ATTACH_PREFIX:
+      return exec_attach(e, cmd->forward);
+    case LOCKSTEP__CMD_TYPE__EP_CMD_CLEAR_CACHE:
+      if (e->prefix) lks_prefix_clear(e->prefix);
+      return 0;
     case LOCKSTEP__CMD_TYPE__EP_CMD_FREE_SLOT:
       for (size_t i = 0; i < cmd->slots->n_slots; i++) {
+        LKS_TRY(cache_slot(e, (int)cmd->slots->slots[i]));
         lks_kv_seq_free(e->kv, (int)cmd->slots->slots[i]);
         if (e->mkv) lks_kv_seq_free(e->mkv, (int)cmd->slots->slots[i]);
       }

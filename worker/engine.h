@@ -11,6 +11,7 @@
 
 #include "model/model.h"
 #include "proto/command.h"
+#include "worker/prefix.h"
 
 typedef struct lks_engine lks_engine;
 
@@ -22,8 +23,15 @@ typedef struct lks_engine_out {
   const float *logits;    // OUT_LOGITS: [n, vocab]
 } lks_engine_out;
 
-// Slots for max_slots sequences of up to max_seq_len positions, KV blocks of `block` positions.
-lks_engine *lks_engine_new(lks_model *m, int max_slots, int max_seq_len, int block);
+typedef struct lks_engine_opts {
+  int n_blocks;       // KV blocks per cache; 0: enough for every slot at max_seq_len
+  bool prefix_cache;  // keep the blocks of finished sequences for reuse (worker/prefix.h)
+} lks_engine_opts;
+
+// Slots for max_slots sequences of up to max_seq_len positions, KV blocks of `block` positions;
+// o may be NULL (defaults).
+lks_engine *lks_engine_new(lks_model *m, int max_slots, int max_seq_len, int block,
+                           const lks_engine_opts *o);
 void lks_engine_free(lks_engine *e);
 
 // Checks a command against the engine's state without running it: 0, or an error naming what
@@ -38,5 +46,12 @@ lks_model *lks_engine_model(const lks_engine *e);
 void lks_engine_free_blocks(const lks_engine *e, int *target, int *drafter);
 // Positions the slot holds (-1 when free).
 int lks_engine_slot_len(const lks_engine *e, int slot);
+// Rank 0's planning: how many leading blocks of tok[0, n) the prefix cache can give a new
+// sequence (0 without a cache), with the drafter's part for a sequence that speculates with the
+// MTP layer; and the block size. The same on every rank.
+int lks_engine_prefix_match(const lks_engine *e, const int32_t *tok, int n, bool drafter);
+int lks_engine_block_size(const lks_engine *e);
+// The prefix cache's counters (zeros without a cache).
+void lks_engine_prefix_stats(const lks_engine *e, lks_prefix_stats *st);
 
 #endif

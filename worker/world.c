@@ -20,7 +20,7 @@ const char *lks_build_id(void) { return LKS_BUILD_ID; }
 
 // ---- fingerprint ----
 
-enum { FP_FIELDS = 11, FP_NAME = 24, FP_VALUE = 104 };
+enum { FP_FIELDS = 12, FP_NAME = 24, FP_VALUE = 104 };
 typedef struct {
   char name[FP_FIELDS][FP_NAME];
   char value[FP_FIELDS][FP_VALUE];
@@ -72,6 +72,7 @@ static int fp_make(fingerprint *f, const lks_settings *s, const char *dir) {
   snprintf(v, sizeof v, "%ld", lks_settings_int(s, "num-drafts"));
   fp_set(f, 9, "num-drafts", v);
   fp_set(f, 10, "comm", lks_settings_str(s, "comm"));
+  fp_set(f, 11, "prefix-cache", lks_settings_bool(s, "prefix-cache") ? "true" : "false");
   return 0;
 }
 
@@ -118,6 +119,15 @@ lks_world *lks_world_start(const lks_settings *s, const char *dir, int max_slots
     lks_set_error(LKS_ECONFIG, "--comm %s: expected mpi or nccl", comm);
     goto fail;
   }
+  // The start-up agreement runs over plain MPI before the chosen collectives exist: ranks that
+  // disagree on the backend or the collectives would otherwise meet in mismatched NCCL calls.
+  if (w->world > 1) {
+    lks_comm *boot = lks_comm_mpi_new(timeout);
+    int arc = boot ? lks_world_agree(boot, s, dir)
+                   : lks_set_error(LKS_ENOMEM, "the start-up agreement: out of memory");
+    lks_comm_free(boot);
+    if (arc < 0) goto fail;
+  }
   if (w->world == 1)
     w->comm = lks_comm_local_new();
   else if (strcmp(comm, "nccl") == 0)
@@ -125,7 +135,7 @@ lks_world *lks_world_start(const lks_settings *s, const char *dir, int max_slots
   else
     w->comm = cuda ? lks_comm_mpi_cuda_new(timeout) : lks_comm_mpi_new(timeout);
   if (!w->comm) goto fail;
-  if (lks_world_agree(w->comm, s, dir) < 0) goto fail;
+  if (w->world == 1 && lks_world_agree(w->comm, s, dir) < 0) goto fail;
   const lks_config *cfg;
   w->be = lks_backend_new_on(backend, (int)lks_settings_int(s, "threads"), gpu);
   if (!w->be) goto fail;
@@ -135,8 +145,10 @@ lks_world *lks_world_start(const lks_settings *s, const char *dir, int max_slots
   cfg = lks_model_config(w->model);
   LKS_LOG(LKS_LOG_INFO, "loaded %s (%s) in %.2f s: %.1f MB of weights on this rank", dir,
           cfg->architecture, lks_clock() - t0, lks_model_loaded_bytes(w->model) / 1e6);
+  lks_engine_opts eo = {0};
+  eo.prefix_cache = lks_settings_bool(s, "prefix-cache");
   w->engine = lks_engine_new(w->model, max_slots, (int)lks_settings_int(s, "max-seq-len"),
-                             (int)lks_settings_int(s, "kv-block"));
+                             (int)lks_settings_int(s, "kv-block"), &eo);
   if (!w->engine) goto fail;
   if (w->world > 1) {
     w->ctl = lks_ctl_new(w->comm, timeout, w->heartbeat_s);

@@ -6,6 +6,8 @@
 #   slurm_cluster.sh stop DIR
 # Root only (as CI and the tests run). Nothing outside DIR is changed but munge's run directory.
 set -euo pipefail
+# A start that fails says which command failed (the daemons' own messages follow it on stderr).
+trap 'echo "slurm_cluster: \"$BASH_COMMAND\" failed with status $?" >&2' ERR
 cmd=$1 dir=$2
 host=$(hostname -s)
 case "$cmd" in

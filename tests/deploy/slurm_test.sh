@@ -19,7 +19,24 @@ cleanup() {
   rm -rf "$dir"
 }
 trap cleanup EXIT
-eval "$(bash "$here/slurm_cluster.sh" start "$dir")" || { echo "FAIL: no slurm cluster"; exit 1; }
+# The start's output is checked before it is used: `eval "$(slurm_cluster.sh start)"` evaluates
+# an empty string (status 0) when the start fails, and the test went on against no cluster or
+# against whatever SLURM_CONF the machine has.
+conf=$(bash "$here/slurm_cluster.sh" start "$dir" 2>"$dir/cluster.err")
+st=$?
+if [ $st != 0 ]; then
+  echo "FAIL: the slurm cluster did not start (slurm_cluster.sh start exited $st):"
+  sed 's/^/  /' "$dir/cluster.err"
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+if ! [[ $conf =~ ^export\ SLURM_CONF=[^[:space:]]+$ ]]; then
+  echo "FAIL: slurm_cluster.sh start printed '$conf', not 'export SLURM_CONF=...':"
+  sed 's/^/  /' "$dir/cluster.err"
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+eval "$conf"
 ok "a one-node slurm cluster is up ($(sinfo -h -o '%P %D %t'))"
 job=$(sbatch --parsable --ntasks=2 --output="$dir/job.out" \
   --export=ALL,MODEL="$model",LOCKSTEP="$lockstep",PORT="$port",LOCKSTEP_ARGS="--threads 1" \

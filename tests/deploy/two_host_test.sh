@@ -15,14 +15,37 @@ work=$(mktemp -d)
 fails=0 passes=0
 ok() { echo "ok: $1"; passes=$((passes + 1)); }
 bad() { echo "FAIL: $1"; fails=$((fails + 1)); }
-cleanup() {
+del_namespaces() {
   ip netns pids lks-ha 2>/dev/null | xargs -r kill -9 2>/dev/null
   ip netns pids lks-hb 2>/dev/null | xargs -r kill -9 2>/dev/null
   ip netns del lks-ha 2>/dev/null; ip netns del lks-hb 2>/dev/null
+}
+# `ip netns add` makes /run/netns a mount point (a shared bind mount of itself) when it is not
+# one, and `ip netns del` leaves that mount behind: undo it when this test made it and no other
+# namespace is left in it, then check that /run/netns is as the test found it (the exit status
+# turns non-zero when it is not).
+netns_dir_existed=0 netns_was_mount=0
+[ -d /run/netns ] && netns_dir_existed=1
+mountpoint -q /run/netns 2>/dev/null && netns_was_mount=1
+cleanup() {
+  local st=$?
+  del_namespaces
   rm -rf "$work"
+  if [ $netns_was_mount = 0 ] && mountpoint -q /run/netns 2>/dev/null && [ -z "$(ls -A /run/netns)" ]; then
+    umount /run/netns 2>/dev/null || umount -l /run/netns
+  fi
+  [ $netns_dir_existed = 0 ] && rmdir /run/netns 2>/dev/null
+  local now_mount=0
+  mountpoint -q /run/netns 2>/dev/null && now_mount=1
+  if [ $now_mount != $netns_was_mount ]; then
+    echo "FAIL: /run/netns is left a mount point: $now_mount, before the test: $netns_was_mount"
+    grep ' /run/netns' /proc/self/mountinfo
+    st=1
+  fi
+  exit $st
 }
 trap cleanup EXIT
-cleanup 2>/dev/null; work=$(mktemp -d)
+del_namespaces
 ip netns add lks-ha && ip netns add lks-hb || { echo "FAIL: cannot create network namespaces"; exit 1; }
 ip link add lks-va type veth peer name lks-vb
 ip link set lks-va netns lks-ha && ip link set lks-vb netns lks-hb

@@ -6,7 +6,8 @@
 #     process is gone within 10 s with a non-zero status; the same for the coordinator killed;
 #   - a coordinator busy for many heartbeat intervals keeps its workers;
 #   - a corrupted, out-of-order or wrong-version command is refused by the worker, not executed;
-#   - a rank with a different forward-changing flag is refused at start-up, naming the flag;
+#   - a rank with a different forward-changing flag is refused at start-up, naming the flag (the
+#     backend too: the agreement runs over MPI before any NCCL communicator);
 #   - a model that cannot be split N ways is refused, naming the field.
 # usage: mpi_failures.sh LOCKSTEP MODEL_DIR
 set -u
@@ -75,6 +76,14 @@ run 30 mpirun --oversubscribe -np 1 "$lockstep" "${gen[@]}" --max-seq-len 4096 :
 if [ "$rc" != 0 ] && grep -q "ranks disagree on 'max-seq-len': rank 0 has '4096', rank 1 has '2048'" "$out"; then
   ok "different flags refused, naming the flag"
 else bad "different flags refused"; fi
+
+# A different backend is refused by the same agreement, before either rank builds collectives
+# for its backend (NCCL for cuda), with or without a GPU or a CUDA build.
+run 30 mpirun --oversubscribe -np 1 "$lockstep" "${gen[@]}" --backend cpu : \
+  -np 1 "$lockstep" "${gen[@]}" --backend cuda
+if [ "$rc" != 0 ] && grep -q "ranks disagree on 'backend': rank 0 has 'cpu', rank 1 has 'cuda'" "$out"; then
+  ok "different backends refused, naming the flag"
+else bad "different backends refused"; fi
 
 run 30 mpirun --oversubscribe -np 3 "$lockstep" "${gen[@]}"
 if [ "$rc" != 0 ] && grep -q "cannot split the model 3 ways: num_attention_heads = 4 is not divisible by 3" "$out"; then

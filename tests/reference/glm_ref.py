@@ -133,7 +133,12 @@ def sigmoid(x):
 
 
 class GlmRef:
-    def __init__(self, model_dir):
+    """The forward in one floating-point type: float64 for the reference values, float32 (every
+    weight widened exactly, every intermediate rounded to float32 as lockstep's CPU backend keeps
+    them) to measure how far float32 rounding alone moves each output row (see main)."""
+
+    def __init__(self, model_dir, dtype=np.float64, weights=None):
+        self.dt = np.dtype(dtype)
         with open(os.path.join(model_dir, "config.json")) as f:
             cfg = json.load(f)
         arch = cfg.get("architectures") or []
@@ -174,7 +179,8 @@ class GlmRef:
         assert self.r % 2 == 0 and self.r <= self.hd
         assert self.nh % self.nkv == 0
 
-        self.W = load_weights(model_dir)
+        W = weights if weights is not None else load_weights(model_dir)
+        self.W = W if self.dt == np.float64 else {k: v.astype(self.dt) for k, v in W.items()}
         self.min_route_margin = np.inf        # diagnostics, see route()
         self.has_mtp = self.n_mtp >= 1
         if self.has_mtp:
@@ -191,7 +197,8 @@ class GlmRef:
 
     # RMSNorm: y = w * x / sqrt(mean(x^2) + eps), over the last axis.
     def rmsnorm(self, x, weight):
-        return weight * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps)
+        eps = self.dt.type(self.eps)
+        return weight * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
 
     # Partial half-split (NeoX) RoPE on x [T, heads, head_dim] at positions pos [T].
     def rope(self, x, pos):
@@ -201,8 +208,8 @@ class GlmRef:
         j = np.arange(half, dtype=np.float64)
         inv = self.theta ** (-2.0 * j / r)                 # theta^(-2j/r)
         ang = pos.astype(np.float64)[:, None] * inv[None, :]   # [T, r/2]
-        cos = np.cos(ang)[:, None, :]
-        sin = np.sin(ang)[:, None, :]
+        cos = np.cos(ang)[:, None, :].astype(self.dt)      # tables rounded once to the type
+        sin = np.sin(ang)[:, None, :].astype(self.dt)
         a, b = x[..., :half], x[..., half:r]               # pair (j, j + r/2)
         out = x.copy()
         out[..., :half] = a * cos - b * sin
@@ -232,10 +239,10 @@ class GlmRef:
         k = self.rope(k, pos)
         group = nh // nkv
         mask = np.tril(np.ones((T, T), dtype=bool))        # key s <= query t
-        out = np.empty((T, nh, hd))
+        out = np.empty((T, nh, hd), dtype=self.dt)
         for i in range(nh):
             kv = i // group                                # GQA
-            s = (q[:, i, :] @ k[:, kv, :].T) / np.sqrt(hd)
+            s = (q[:, i, :] @ k[:, kv, :].T) / self.dt.type(np.sqrt(hd))
             s = np.where(mask, s, -np.inf)
             s = s - s.max(axis=1, keepdims=True)
             pr = np.exp(s)
@@ -332,6 +339,63 @@ def top2_margin(row):
     return s[-1] - s[-2]
 
 
+def outputs(m, tokens, T, anchors, chain_len, drafts=None):
+    """Every compared output of model m over tokens[0:T]: target logits [T, V]; with MTP, the
+    first drafts [T-1, V] and the chained drafts [A, C, V] at the anchors.  Chain step d+1 is fed
+    drafts[a, d+1] when given (so that a float32 run follows the float64 run's drafts), else the
+    arg-max of step d.  Returns (dict of arrays, drafts [A, C] used, route margins)."""
+    V = m.V
+    res, margins = {}, {}
+    m.min_route_margin = np.inf
+    hn, res["logits"] = m.forward(tokens[:T])
+    margins["min_route_margin"] = float(m.min_route_margin)
+    used = np.zeros((len(anchors), chain_len), dtype=np.int64)
+    if m.has_mtp and T >= 2:
+        # First drafts: MTP input at position j from (hn[j], tokens[j+1]); the MTP layer
+        # attends causally over inputs 0..j.
+        u = m.mtp_input(hn[:T - 1], tokens[1:T])           # [T-1, H]
+        m.min_route_margin = np.inf
+        hs, res["mtp_logits"] = m.mtp_layer(u)
+        margins["min_mtp_route_margin"] = float(m.min_route_margin)
+        # Chained drafts at anchors.  Step 1 at anchor i = mtp_logits[i]; step d+1 appends
+        # u' = mtp_input(shared_head.norm(z_d), draft_d) at position i+d and reruns the MTP
+        # layer over [u_0..u_i, u'_(i+1)..].
+        chain = np.zeros((len(anchors), chain_len, V), dtype=m.dt)
+        for ai, i in enumerate(anchors):
+            seq = u[:i + 1]
+            h_c, lg_c = hs[i], res["mtp_logits"][i]
+            for d in range(chain_len):
+                if d > 0:
+                    t = int(drafts[ai, d]) if drafts is not None else int(np.argmax(lg_c))
+                    used[ai, d] = t
+                    u_new = m.mtp_input(h_c[None, :], [t])
+                    seq = np.concatenate([seq, u_new], axis=0)
+                    hs_s, lg_s = m.mtp_layer(seq)
+                    h_c, lg_c = hs_s[-1], lg_s[-1]
+                chain[ai, d] = lg_c
+        res["mtp_chain_logits"] = chain
+    return res, used, margins
+
+
+# The float32 rounding error of each compared row (max over the vocabulary of |float32 run -
+# float64 run|), written beside the logits for test_model_ref's per-row bounds.
+ERR_NAMES = {"logits": "logits_f32err", "mtp_logits": "mtp_logits_f32err",
+             "mtp_chain_logits": "mtp_chain_f32err"}
+
+
+def f32_errors(model_dir, m64, tokens, T, anchors, chain_len, r64, drafts):
+    """Reruns the compared outputs in float32 (same weights, widened exactly; the float64 run's
+    tokens, drafts and, but for near ties, routing) and returns [(name, per-row error)]."""
+    m32 = GlmRef(model_dir, np.float32, m64.W)
+    r32, _, _ = outputs(m32, tokens, T, anchors, chain_len, drafts)
+    out = []
+    for k, name in ERR_NAMES.items():
+        if k in r64:
+            d = np.abs(r32[k].astype(np.float64) - r64[k])
+            out.append((name, d.max(axis=-1)))
+    return out
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description="float64 reference forward for glm4_moe")
     ap.add_argument("--model", required=True)
@@ -340,6 +404,10 @@ def main(argv):
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--chain", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--f32err-for", metavar="EXPECTED",
+                    help="instead of generating: copy EXPECTED (the same tensors, made by another "
+                         "implementation, e.g. tools/train/evaluate.py) to --out and add the float32 "
+                         "error rows measured on its tokens, drafts and anchors")
     a = ap.parse_args(argv)
     if a.prompt_len < 1 or a.gen < 0 or a.chain < 1:
         sys.exit("glm_ref.py: need --prompt-len >= 1, --gen >= 0, --chain >= 1")
@@ -347,7 +415,36 @@ def main(argv):
     t0 = time.time()
     m = GlmRef(a.model)
     t_load = time.time() - t0
-    P, G, V = a.prompt_len, a.gen, m.V
+    V = m.V
+
+    if a.f32err_for:
+        ex = read_safetensors(a.f32err_for)
+        tokens = ex["tokens"].astype(np.int64)
+        T = ex["logits"].shape[0]
+        anchors = [int(x) for x in ex.get("mtp_chain_pos", np.zeros(0))]
+        chain_len = ex["mtp_chain_logits"].shape[1] if "mtp_chain_logits" in ex else 1
+        drafts = np.zeros((len(anchors), chain_len), dtype=np.int64)
+        for ai in range(len(anchors)):
+            for d in range(1, chain_len):
+                drafts[ai, d] = int(np.argmax(ex["mtp_chain_logits"][ai, d - 1]))
+        r64, _, _ = outputs(m, tokens, T, anchors, chain_len, drafts)
+        for k in ERR_NAMES:
+            if k in ex:
+                agree = np.abs(r64[k] - ex[k]).max() / np.abs(ex[k]).max()
+                print("  this reference against %s %-18s max|diff|/max|ref| %.3e"
+                      % (os.path.basename(a.f32err_for), k, agree))
+        outs = [(n, x.astype(np.int32) if x.dtype.kind in "iu" else x) for n, x in ex.items()
+                if n not in ERR_NAMES.values()]
+        errs = f32_errors(a.model, m, tokens, T, anchors, chain_len, r64, drafts)
+        outs += errs
+        write_safetensors(a.out, outs, {"format": "pt", "from": os.path.abspath(a.f32err_for),
+                                        "generator": "tests/reference/glm_ref.py --f32err-for"})
+        for name, e in errs:
+            print("  %-20s max %.3e, median %.3e" % (name, e.max(), np.median(e)))
+        print("  wrote %s (%.2f s)" % (a.out, time.time() - t0))
+        return
+
+    P, G = a.prompt_len, a.gen
 
     # 1. Prompt.
     tokens = [int(t) for t in np.random.default_rng(a.seed).integers(0, V, P)]
@@ -363,41 +460,21 @@ def main(argv):
     tokens = np.array(tokens, dtype=np.int64)
     T = P + G                                              # rows of `logits`
 
-    # 3. Target logits over tokens[0:T].
-    m.min_route_margin = np.inf
-    hn, logits = m.forward(tokens[:T])
-    route_margin = m.min_route_margin
+    # 3.-5. Target logits over tokens[0:T], first MTP drafts, chained drafts at anchors.
+    anchors = sorted({x for x in (P - 1, P + G // 2, P + G - 2) if 0 <= x <= T - 2})
+    if not (m.has_mtp and T >= 2):
+        anchors = []
+    r64, drafts, rm = outputs(m, tokens, T, anchors, a.chain)
+    logits = r64["logits"]
     outs = [("tokens", tokens.astype(np.int32)), ("logits", logits)]
     summary = {"max_abs_logit": float(np.abs(logits).max()),
                "min_greedy_margin": float(min(margins)),
-               "min_route_margin": float(route_margin)}
+               "min_route_margin": rm["min_route_margin"]}
 
-    if m.has_mtp and T >= 2:
-        # 4. First drafts: MTP input at position j from (hn[j], tokens[j+1]);
-        #    the MTP layer attends causally over inputs 0..j.
-        u = m.mtp_input(hn[:T - 1], tokens[1:T])           # [T-1, H]
-        m.min_route_margin = np.inf
-        hs, mtp_logits = m.mtp_layer(u)
-        summary["min_mtp_route_margin"] = float(m.min_route_margin)
+    if "mtp_logits" in r64:
+        mtp_logits, chain = r64["mtp_logits"], r64["mtp_chain_logits"]
+        summary["min_mtp_route_margin"] = rm["min_mtp_route_margin"]
         outs.append(("mtp_logits", mtp_logits))
-
-        # 5. Chained drafts at anchors.  Step 1 at anchor i = mtp_logits[i];
-        #    step d+1 appends u' = mtp_input(shared_head.norm(z_d), draft_d) at
-        #    position i+d and reruns the MTP layer over [u_0..u_i, u'_(i+1)..].
-        anchors = sorted({x for x in (P - 1, P + G // 2, P + G - 2) if 0 <= x <= T - 2})
-        chain = np.zeros((len(anchors), a.chain, V))
-        chain_margin = []
-        for ai, i in enumerate(anchors):
-            seq = u[:i + 1]
-            h_c, lg_c = hs[i], mtp_logits[i]
-            for d in range(a.chain):
-                if d > 0:
-                    u_new = m.mtp_input(h_c[None, :], [int(np.argmax(lg_c))])
-                    seq = np.concatenate([seq, u_new], axis=0)
-                    hs_s, lg_s = m.mtp_layer(seq)
-                    h_c, lg_c = hs_s[-1], lg_s[-1]
-                chain[ai, d] = lg_c
-                chain_margin.append(top2_margin(lg_c))
         outs.append(("mtp_chain_logits", chain))
         outs.append(("mtp_chain_pos", np.array(anchors, dtype=np.int32)))
         # Agreement of the first draft with the target's next token (on a
@@ -405,9 +482,15 @@ def main(argv):
         agree = np.mean(np.argmax(mtp_logits, axis=1) == tokens[2:T + 1])
         summary.update({"max_abs_mtp_logit": float(np.abs(mtp_logits).max()),
                         "min_mtp_margin": float(min(top2_margin(r) for r in mtp_logits)),
-                        "min_chain_margin": float(min(chain_margin)),
+                        "min_chain_margin": float(min(top2_margin(r) for r in chain.reshape(-1, V))),
                         "mtp_top1_agreement": float(agree),
                         "chain_anchors": anchors})
+
+    # 6. The float32 rounding error of every row, for the per-row bounds of test_model_ref.
+    errs = f32_errors(a.model, m, tokens, T, anchors, a.chain, r64, drafts)
+    outs += errs
+    for name, e in errs:
+        summary[name] = "max %.3e, median %.3e" % (e.max(), np.median(e))
 
     for name, arr in outs:
         if not np.all(np.isfinite(arr)):

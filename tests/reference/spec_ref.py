@@ -326,6 +326,12 @@ def replay(m, prompt, K, n_gen, res):
     # 2. incremental target hiddens vs the full forward.
     Hi = res["_H"]
     hdiff = float(np.abs(Hi - hn[:len(Hi)]).max())
+    # Both are float64 sums of the same terms in other orders: apart by a few hundred float64
+    # roundings of the largest value at most (eps 2.2e-16); 1e-10 of it is far above that and
+    # far below any real difference (measured: about 1e-15).
+    if not hdiff <= 1e-10 * max(1.0, float(np.abs(hn).max())):
+        raise AssertionError("incremental target hiddens differ from the full forward by %.3g"
+                             % hdiff)
     # 3. teacher-forced replay of the rounds.
     prop, acc, rounds = [0] * K, [0] * K, 0
     L, emitted = n, 1

@@ -24,6 +24,7 @@ curl -sN --max-time 60 "http://127.0.0.1:$port/v1/completions" \
   -d '{"prompt": [5, 6, 7], "max_tokens": 2000, "ignore_eos": true, "temperature": 0, "stream": true}' > "$stream"
 # Right after the stream ends: the server is either still up and refusing (503), or gone.
 h=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "http://127.0.0.1:$port/health")
+m=$(curl -s --max-time 5 "http://127.0.0.1:$port/metrics")
 r=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "http://127.0.0.1:$port/v1/completions" -d '{"prompt": [1], "max_tokens": 2}')
 grep -q '^data: {"error"' "$stream" && ! grep -q '\[DONE\]' "$stream" \
   && ok "the open stream ended with an error event: $(grep '^data: {"error"' "$stream" | cut -c1-140)" \
@@ -31,6 +32,13 @@ grep -q '^data: {"error"' "$stream" && ! grep -q '\[DONE\]' "$stream" \
 { [ "$h" = 503 ] || [ "$h" = 000 ]; } && { [ "$r" = 503 ] || [ "$r" = 000 ]; } \
   && ok "after the failure /health is $h and a new request $r (503, or 000: the job is gone)" \
   || bad "after the failure /health $h, new request $r"
+# Liveness in /metrics while the server is still there: the killed rank 1 reads 0.
+if [ -n "$m" ]; then
+  grep -qx 'lockstep_rank_up{rank="1"} 0' <<< "$m" && ok "/metrics after the failure: $(grep '^lockstep_rank_up' <<< "$m" | tr '\n' ' ')" \
+    || bad "/metrics after the failure does not show rank 1 down: $(grep '^lockstep_rank_up' <<< "$m" | tr '\n' ' ')"
+else
+  echo "note: the server was gone before /metrics could be read; rank liveness not checked"
+fi
 for _ in $(seq 1 200); do kill -0 $pid 2>/dev/null || break; sleep 0.05; done
 wait $pid
 st=$?

@@ -36,6 +36,13 @@ static int failures;
 
 // One prompt through the scheduler (the decoding loop `serve` runs), with proposer `spec` ("off",
 // "mtp", "ngram") drafting up to k tokens, the gate off so that every round speculates.
+// Drops what the prefix cache keeps, on every rank.
+static int clear_cache(lks_world *w) {
+  Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
+  cmd.type = LOCKSTEP__CMD_TYPE__EP_CMD_CLEAR_CACHE;
+  return lks_world_submit(w, &cmd, NULL);
+}
+
 static float temperature;  // 0: greedy; else sampling, seed 7, top-p 0.9
 
 static int run(lks_world *w, const char *spec, int k, const int32_t *prompt, int n, int n_gen,
@@ -159,6 +166,7 @@ int main(int argc, char **argv) {
          failures ? "tokens DIFFER" : "tokens identical to decoding without speculation");
   if (leak > 0) {
     int t0, d0, t1, d1;
+    if (clear_cache(w) < 0) goto fail;
     lks_engine_free_blocks(w->engine, &t0, &d0);
     int32_t prompt[12];
     for (int i = 0; i < leak; i++) {
@@ -166,6 +174,8 @@ int main(int argc, char **argv) {
       lks_spec_stats st;
       if (run(w, i % 2 ? mtp : ng, 1 + i % 4, prompt, 12, 8, &got, &st) < 0) goto fail;
     }
+    // What the prefix cache keeps is dropped first: then every block must be free again.
+    if (clear_cache(w) < 0) goto fail;
     lks_engine_free_blocks(w->engine, &t1, &d1);
     bool ok = t0 == t1 && d0 == d1;
     printf("%d sequences decoded speculatively and freed: KV blocks free %d/%d (target), %d/%d "

@@ -4,7 +4,8 @@
 // JSON array of strings to OUT.
 // Usage: node ref_chat.mjs TEMPLATE.jinja chat_cases.json OUT
 import { Template } from "@huggingface/jinja";
-import { readFileSync, writeFileSync } from "node:fs";
+import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { dirname } from "node:path";
 
 const [tplFile, casesFile, out] = process.argv.slice(2);
 const template = new Template(readFileSync(tplFile, "utf8"));
@@ -15,5 +16,6 @@ const rendered = cases.map((c) => {
   if ("enable_thinking" in c) ctx.enable_thinking = c.enable_thinking;
   return template.render(ctx);
 });
+mkdirSync(dirname(out), { recursive: true });  // run alone, before any tokref_* test made it
 writeFileSync(out, JSON.stringify(rendered, null, 1) + "\n");
 console.log(`reference: ${rendered.length} conversations rendered with ${tplFile}`);
