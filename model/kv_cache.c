@@ -184,8 +184,10 @@ int lks_kv_block_copy(lks_kv_cache *kv, int32_t dst, int32_t src) {
     lks_kv_layer *L = &kv->layers[l];
     int64_t rows = (int64_t)L->n_blocks * B, w = (int64_t)L->n_kv_heads * L->head_dim;
     lks_tensor k = lks_tensor_2d(L->k, 0, LKS_F32, rows, w), v = lks_tensor_2d(L->v, 0, LKS_F32, rows, w);
-    rc = kv->be->ops->gather_rows(kv->be, lks_tensor_rows(k, (int64_t)dst * B, B), k, idx);
-    if (rc == 0) rc = kv->be->ops->gather_rows(kv->be, lks_tensor_rows(v, (int64_t)dst * B, B), v, idx);
+    // A k-only layer (lks_kv_new_widths) has no V pool, and one of width 0 no pool at all.
+    if (L->k) rc = kv->be->ops->gather_rows(kv->be, lks_tensor_rows(k, (int64_t)dst * B, B), k, idx);
+    if (rc == 0 && L->v)
+      rc = kv->be->ops->gather_rows(kv->be, lks_tensor_rows(v, (int64_t)dst * B, B), v, idx);
   }
   free(idx);
   return rc;

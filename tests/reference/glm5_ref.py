@@ -152,6 +152,7 @@ class Glm5Ref(GlmRef):
         assert self.r % 2 == 0 and self.idim >= self.r
 
         self.W = load_weights(model_dir)
+        self.dt = np.dtype(np.float64)  # GlmRef (main) computes in self.dt; the GLM-5 reference is float64
         self.min_route_margin = np.inf
         self.reset_index_stats()
         self.has_mtp = self.n_mtp >= 1
