@@ -271,6 +271,8 @@ static int validate_mla(const lks_config *c, const char *what) {
 }
 
 int lks_config_validate(const lks_config *c, const char *what) {
+  // MLA's own sizes first: head_dim and rot_dims below derive from them.
+  if (c->arch == LKS_ARCH_GLM_MOE_DSA) LKS_TRY(validate_mla(c, what));
   struct {
     const char *name;
     int v;
@@ -309,7 +311,6 @@ int lks_config_validate(const lks_config *c, const char *what) {
     return lks_set_error(LKS_ECONFIG, "%s: rms_norm_eps and rope_theta must be positive", what);
   if (c->tie_embeddings)
     return lks_set_error(LKS_EUNSUPPORTED, "%s: tie_word_embeddings is true; GLM checkpoints have an lm_head", what);
-  if (c->arch == LKS_ARCH_GLM_MOE_DSA) return validate_mla(c, what);
   return 0;
 }
 
