@@ -37,11 +37,24 @@ int lks_cmd_inspect(lks_settings *s, const char *dir) {
   printf("model: %s\n", dir);
   lks_config c;
   if (lks_config_load(dir, &c) == 0) {
-    printf("architecture: %s (glm4_moe)\n", c.architecture);
-    printf("  hidden %d, layers %d (+%d MTP), heads %d / kv heads %d / head_dim %d\n", c.hidden,
-           c.n_layers, c.n_mtp, c.n_heads, c.n_kv_heads, c.head_dim);
-    printf("  rope: %d of %d dims rotate (half-split), theta %g; qk-norm %s, attention bias %s\n",
-           c.rot_dims, c.head_dim, c.rope_theta, c.qk_norm ? "on" : "off", c.attn_bias ? "on" : "off");
+    bool dsa = c.arch == LKS_ARCH_GLM_MOE_DSA;
+    printf("architecture: %s (%s)\n", c.architecture, dsa ? "glm_moe_dsa" : "glm4_moe");
+    if (dsa) {
+      const lks_mla_config *k = &c.mla;
+      int full = 0;
+      for (int l = 0; l < c.n_layers; l++) full += k->index_full[l];
+      printf("  hidden %d, layers %d (+%d MTP), heads %d; MLA: q_lora %d, kv_lora %d, qk nope %d + rope %d, v %d\n",
+             c.hidden, c.n_layers, c.n_mtp, c.n_heads, k->q_lora, k->kv_lora, k->qk_nope,
+             k->qk_rope, k->v_head);
+      printf("  rope: %d dims (%s), theta %g; DSA indexer %d heads x %d, top-%d; %d full / %d shared indexer layers\n",
+             k->qk_rope, k->rope_half_split ? "half-split" : "interleaved pairs", c.rope_theta,
+             k->index_heads, k->index_dim, k->index_topk, full, c.n_layers - full);
+    } else {
+      printf("  hidden %d, layers %d (+%d MTP), heads %d / kv heads %d / head_dim %d\n", c.hidden,
+             c.n_layers, c.n_mtp, c.n_heads, c.n_kv_heads, c.head_dim);
+      printf("  rope: %d of %d dims rotate (half-split), theta %g; qk-norm %s, attention bias %s\n",
+             c.rot_dims, c.head_dim, c.rope_theta, c.qk_norm ? "on" : "off", c.attn_bias ? "on" : "off");
+    }
     printf("  ffn: %d dense layer(s) of %d; MoE %d routed experts of %d, top-%d, %d shared, scale %g, groups %d/%d, norm_topk %s\n",
            c.first_dense, c.inter, c.n_experts, c.moe_inter, c.top_k, c.n_shared, c.routed_scaling,
            c.topk_group, c.n_group, c.norm_topk_prob ? "on" : "off");
@@ -79,7 +92,9 @@ int lks_cmd_inspect(lks_settings *s, const char *dir) {
           lks_model_stats_get(sm, &ss);
           human((double)lks_model_loaded_bytes(sm), b1, sizeof b1);
           human((double)ss.bytes_per_token, b2, sizeof b2);
-          printf("  rank %d: loads and holds %s; reads %s per decoded token\n", r, b1, b2);
+          human((double)ss.kv_bytes_per_pos, b4, sizeof b4);
+          printf("  rank %d: loads and holds %s; reads %s per decoded token (+ %s of KV cache per context position)\n",
+                 r, b1, b2, b4);
         }
         lks_model_free(sm);
         lks_comm_free(c);

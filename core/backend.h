@@ -69,6 +69,14 @@ typedef struct lks_route_params {
   float scaling;
 } lks_route_params;
 
+// The sizes of glm_moe_dsa's multi-head latent attention for one rank (mla_attention).
+typedef struct lks_mla_dims {
+  int n_heads;   // this rank's query heads
+  int nope, rope, v_dim;  // qk_nope_head_dim, qk_rope_head_dim, v_head_dim
+  int latent;    // kv_lora_rank; a cache row is [latent | rope key]
+  float scale;   // softmax scale, 1/sqrt(nope + rope)
+} lks_mla_dims;
+
 typedef struct lks_backend_ops {
   const char *name;
   void (*free)(lks_backend *be);
@@ -124,6 +132,34 @@ typedef struct lks_backend_ops {
   // Per row of x [n, V]: index of the maximum (ties: lowest index), into host idx[n], and the
   // maximum into host val[n] (val may be NULL).
   int (*argmax)(lks_backend *be, lks_tensor x, int32_t *idx, float *val);
+
+  // ---- glm_moe_dsa: MLA with the DSA indexer (MODEL.md section 4). Optional: a backend that
+  // leaves them NULL cannot run glm_moe_dsa, and the model refuses to load on it, naming it. ----
+  // LayerNorm per row: out = (x - mean) / sqrt(var + eps) * w + b (w, b [cols]); out may be x.
+  int (*layernorm)(lks_backend *be, lks_tensor out, lks_tensor x, lks_tensor w, lks_tensor b,
+                   float eps);
+  // Writes row i of x [n, kv->head_dim] into the K pool of a k-only cache layer at rows->slot[i].
+  int (*cache_store)(lks_backend *be, const lks_kv_layer *kv, lks_tensor x,
+                     const lks_attn_rows *rows);
+  // The DSA lightning indexer: for row t (at rows->pos[t] of its sequence) and each cached key
+  // s <= pos[t] of `keys` (a k-only layer of index_head_dim), the score
+  // I(t, s) = sum_h (w[t, h] * w_scale) * relu(q[t, h] . k_s * q_scale), q [n, n_heads * head_dim],
+  // w [n, n_heads]. Writes the selected positions into host sel[t * topk ..] in ascending order,
+  // and their number into host n_sel[t]: every position 0..pos[t] when there are at most topk,
+  // else the topk of highest score (ties: the lower position).
+  int (*dsa_select)(lks_backend *be, lks_tensor q, lks_tensor w, const lks_kv_layer *keys,
+                    const lks_attn_rows *rows, int n_heads, float q_scale, float w_scale,
+                    int topk, int32_t *sel, int32_t *n_sel);
+  // MLA attention in the absorbed form over a latent cache layer (rows [latent | rope key]):
+  // per row and head h, with q = [q_nope | q_pe] (RoPE applied), W_uk / W_uv head h's nope and
+  // value rows of wkv_b [n_heads * (nope + v_dim), latent]:
+  //   score_s = (W_uk^T q_nope) . c_s + q_pe . kpe_s, times scale; p = softmax over the keys;
+  //   out_h = W_uv (sum_s p_s c_s).
+  // Keys: the positions sel[t * sel_stride ..] (n_sel[t] of them), or with sel NULL every
+  // position 0..pos[t]. q [n, n_heads * (nope + rope)], out [n, n_heads * v_dim].
+  int (*mla_attention)(lks_backend *be, lks_tensor out, lks_tensor q, lks_tensor wkv_b,
+                       const lks_kv_layer *kv, const lks_attn_rows *rows, const lks_mla_dims *d,
+                       const int32_t *sel, const int32_t *n_sel, int sel_stride);
 } lks_backend_ops;
 
 struct lks_backend {

@@ -11,6 +11,7 @@
 
 #include "core/backend.h"
 #include "core/cpu_kernels.h"
+#include "core/cpu_mla.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/threadpool.h"
@@ -502,7 +503,14 @@ static const lks_backend_ops cpu_ops = {
     .expert = cpu_expert,
     .gather_rows = cpu_gather_rows,
     .argmax = cpu_argmax,
+    .layernorm = lks__cpu_layernorm,
+    .cache_store = lks__cpu_cache_store,
+    .dsa_select = lks__cpu_dsa_select,
+    .mla_attention = lks__cpu_mla_attention,
 };
+
+lks_pool *lks__cpu_pool(lks_backend *be) { return ((cpu_backend *)be)->pool; }
+const lks__cpu_kernels *lks__cpu_kernels_of(lks_backend *be) { return ((cpu_backend *)be)->k; }
 
 lks_backend *lks__backend_cpu_new(int threads) {
   if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);

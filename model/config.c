@@ -78,6 +78,106 @@ static int get_eos(json_t *root, const char *what, lks_config *cfg) {
   return 0;
 }
 
+// glm_moe_dsa's attention fields (transformers' GlmMoeDsaConfig / DeepseekV32Config; MODEL.md
+// section 4). The index_* sizes default as GlmMoeDsaConfig does. head_dim is qk_nope + qk_rope
+// and the rope part is qk_rope of it, rotated in interleaved pairs (2i, 2i+1).
+static int parse_mla(src *s, lks_config *cfg) {
+  lks_mla_config *m = &cfg->mla;
+  json_t *ql = json_object_get(s->root, "q_lora_rank");
+  if (ql && json_is_null(ql))
+    return lks_set_error(LKS_EUNSUPPORTED, "%s: q_lora_rank is null (no query compression); GLM-5 has one",
+                         s->what);
+  LKS_TRY(get_int(s, "q_lora_rank", &m->q_lora, 0, true));
+  LKS_TRY(get_int(s, "kv_lora_rank", &m->kv_lora, 0, true));
+  LKS_TRY(get_int(s, "qk_nope_head_dim", &m->qk_nope, 0, true));
+  LKS_TRY(get_int(s, "qk_rope_head_dim", &m->qk_rope, 0, true));
+  LKS_TRY(get_int(s, "v_head_dim", &m->v_head, 0, true));
+  LKS_TRY(get_int(s, "index_n_heads", &m->index_heads, 32, false));
+  LKS_TRY(get_int(s, "index_head_dim", &m->index_dim, 128, false));
+  LKS_TRY(get_int(s, "index_topk", &m->index_topk, 2048, false));
+  bool il = true, iil = true;
+  LKS_TRY(get_bool(s, "rope_interleave", &il, true));
+  LKS_TRY(get_bool(s, "indexer_rope_interleave", &iil, true));
+  m->rope_half_split = !il;
+  m->index_rope_half_split = !iil;
+  // MLA has one latent "KV head"; num_key_value_heads (= heads in GLM-5's file) plays no part.
+  cfg->n_kv_heads = cfg->n_heads;
+  cfg->head_dim = m->qk_nope + m->qk_rope;
+  cfg->rot_dims = m->qk_rope;
+  cfg->partial_rotary = cfg->head_dim > 0 ? (float)m->qk_rope / (float)cfg->head_dim : 0;
+  cfg->qk_norm = false;
+  LKS_TRY(get_bool(s, "attention_bias", &cfg->attn_bias, false));
+  if (cfg->attn_bias)
+    return lks_set_error(LKS_EUNSUPPORTED, "%s: attention_bias is true; GLM-5's MLA projections have no bias",
+                         s->what);
+  // rope_theta at the top level, or inside rope_parameters (transformers >= 5); only the default
+  // rope (no YaRN, whose mscale would change the attention scale) is implemented.
+  json_t *rp = json_object_get(s->root, "rope_parameters");
+  json_t *rs = json_object_get(s->root, "rope_scaling");
+  if (rs && !json_is_null(rs))
+    return lks_set_error(LKS_EUNSUPPORTED, "%s: rope_scaling is set; only the default rope is implemented",
+                         s->what);
+  if (json_is_object(rp)) {
+    const char *type = json_string_value(json_object_get(rp, "rope_type"));
+    if (type && strcmp(type, "default") != 0)
+      return lks_set_error(LKS_EUNSUPPORTED, "%s: rope_parameters.rope_type '%s'; only 'default' is implemented",
+                           s->what, type);
+    src sub = {rp, s->what};
+    if (json_object_get(rp, "rope_theta") && !json_object_get(s->root, "rope_theta"))
+      return get_float(&sub, "rope_theta", &cfg->rope_theta, 0, true);
+  }
+  LKS_TRY(get_float(s, "rope_theta", &cfg->rope_theta, 0, true));
+  return 0;
+}
+
+// Which layers run their own indexer (transformers' GlmMoeDsaConfig.__post_init__): the list
+// indexer_types, else the string index_topk_pattern of F/S, else full iff
+// max(i - offset + 1, 0) % freq == 0 (index_topk_freq, default 1; index_skip_topk_offset,
+// default 2). The MTP layer always has its own indexer.
+static int parse_indexer_types(src *s, lks_config *cfg) {
+  lks_mla_config *m = &cfg->mla;
+  int L = cfg->n_layers;
+  if (L < 1 || L > LKS_MAX_LAYERS)
+    return lks_set_error(LKS_ECONFIG, "%s: num_hidden_layers %d outside [1, %d]", s->what, L, LKS_MAX_LAYERS);
+  json_t *types = json_object_get(s->root, "indexer_types");
+  json_t *pat = json_object_get(s->root, "index_topk_pattern");
+  if (types && !json_is_null(types)) {
+    if (!json_is_array(types) || (int)json_array_size(types) != L)
+      return lks_set_error(LKS_ECONFIG, "%s: indexer_types must list num_hidden_layers (%d) entries",
+                           s->what, L);
+    for (int i = 0; i < L; i++) {
+      const char *t = json_string_value(json_array_get(types, (size_t)i));
+      if (!t || (strcmp(t, "full") && strcmp(t, "shared")))
+        return lks_set_error(LKS_ECONFIG, "%s: indexer_types[%d] must be \"full\" or \"shared\"", s->what, i);
+      m->index_full[i] = strcmp(t, "full") == 0;
+    }
+  } else if (pat && !json_is_null(pat)) {
+    const char *p = json_string_value(pat);
+    if (!p || (int)strlen(p) != L)
+      return lks_set_error(LKS_ECONFIG, "%s: index_topk_pattern must be a string of %d F/S letters",
+                           s->what, L);
+    for (int i = 0; i < L; i++) {
+      if (p[i] != 'F' && p[i] != 'S')
+        return lks_set_error(LKS_ECONFIG, "%s: index_topk_pattern[%d] is '%c', not F or S", s->what, i, p[i]);
+      m->index_full[i] = p[i] == 'F';
+    }
+  } else {
+    int freq, offset;
+    LKS_TRY(get_int(s, "index_topk_freq", &freq, 1, false));
+    LKS_TRY(get_int(s, "index_skip_topk_offset", &offset, 2, false));
+    if (freq < 1) freq = 1;
+    for (int i = 0; i < L; i++) {
+      int k = i - offset + 1;
+      m->index_full[i] = (k > 0 ? k : 0) % freq == 0;
+    }
+  }
+  if (!m->index_full[0])
+    return lks_set_error(LKS_ECONFIG, "%s: layer 0 is a shared indexer layer; there is no full layer before it",
+                         s->what);
+  m->index_full[L] = true;
+  return 0;
+}
+
 int lks_config_parse(const char *text, const char *what, lks_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
   json_error_t jerr;
@@ -91,21 +191,24 @@ int lks_config_parse(const char *text, const char *what, lks_config *cfg) {
     rc = lks_set_error(LKS_ECONFIG, "%s: not a JSON object", what);
     goto done;
   }
-  // The architecture: model_type glm4_moe, or Glm4MoeForCausalLM in "architectures".
+  // The architecture: model_type glm4_moe / glm_moe_dsa, or its class in "architectures".
   const char *mt = json_string_value(json_object_get(root, "model_type"));
   json_t *archs = json_object_get(root, "architectures");
   const char *arch = json_string_value(json_array_get(archs, 0));
-  // Each one given must say GLM-4 MoE, and at least one must be given.
-  bool ok = (mt || arch) && (!mt || strcmp(mt, "glm4_moe") == 0) &&
-            (!arch || strcmp(arch, "Glm4MoeForCausalLM") == 0);
+  // Each one given must name the same architecture, and at least one must be given.
+  bool dsa = (mt && strcmp(mt, "glm_moe_dsa") == 0) || (arch && strcmp(arch, "GlmMoeDsaForCausalLM") == 0);
+  const char *want_mt = dsa ? "glm_moe_dsa" : "glm4_moe";
+  const char *want_arch = dsa ? "GlmMoeDsaForCausalLM" : "Glm4MoeForCausalLM";
+  bool ok = (mt || arch) && (!mt || strcmp(mt, want_mt) == 0) && (!arch || strcmp(arch, want_arch) == 0);
   if (!ok) {
     rc = lks_set_error(LKS_EUNSUPPORTED,
                        "%s: unsupported architecture (model_type '%s', architectures[0] '%s'); "
-                       "lockstep runs glm4_moe / Glm4MoeForCausalLM",
+                       "lockstep runs glm4_moe / Glm4MoeForCausalLM and glm_moe_dsa / GlmMoeDsaForCausalLM",
                        what, mt ? mt : "(none)", arch ? arch : "(none)");
     goto done;
   }
-  snprintf(cfg->architecture, sizeof cfg->architecture, "%s", arch ? arch : "Glm4MoeForCausalLM");
+  cfg->arch = dsa ? LKS_ARCH_GLM_MOE_DSA : LKS_ARCH_GLM4_MOE;
+  snprintf(cfg->architecture, sizeof cfg->architecture, "%s", want_arch);
 #define TRY(x)          \
   if ((rc = (x)) < 0) { \
     goto done;          \
@@ -113,13 +216,17 @@ int lks_config_parse(const char *text, const char *what, lks_config *cfg) {
   TRY(get_int(&s, "hidden_size", &cfg->hidden, 0, true));
   TRY(get_int(&s, "num_hidden_layers", &cfg->n_layers, 0, true));
   TRY(get_int(&s, "num_attention_heads", &cfg->n_heads, 0, true));
-  TRY(get_int(&s, "num_key_value_heads", &cfg->n_kv_heads, 0, true));
-  TRY(get_int(&s, "head_dim", &cfg->head_dim,
-              cfg->n_heads > 0 ? cfg->hidden / cfg->n_heads : 0, false));
-  TRY(get_float(&s, "partial_rotary_factor", &cfg->partial_rotary, 0.5f, false));
-  TRY(get_float(&s, "rope_theta", &cfg->rope_theta, 0, true));
-  TRY(get_bool(&s, "use_qk_norm", &cfg->qk_norm, false));
-  TRY(get_bool(&s, "attention_bias", &cfg->attn_bias, false));
+  if (dsa) {
+    TRY(parse_mla(&s, cfg));
+  } else {
+    TRY(get_int(&s, "num_key_value_heads", &cfg->n_kv_heads, 0, true));
+    TRY(get_int(&s, "head_dim", &cfg->head_dim,
+                cfg->n_heads > 0 ? cfg->hidden / cfg->n_heads : 0, false));
+    TRY(get_float(&s, "partial_rotary_factor", &cfg->partial_rotary, 0.5f, false));
+    TRY(get_float(&s, "rope_theta", &cfg->rope_theta, 0, true));
+    TRY(get_bool(&s, "use_qk_norm", &cfg->qk_norm, false));
+    TRY(get_bool(&s, "attention_bias", &cfg->attn_bias, false));
+  }
   TRY(get_int(&s, "first_k_dense_replace", &cfg->first_dense, 0, true));
   TRY(get_int(&s, "n_routed_experts", &cfg->n_experts, 0, true));
   TRY(get_int(&s, "n_shared_experts", &cfg->n_shared, 0, true));
@@ -136,15 +243,36 @@ int lks_config_parse(const char *text, const char *what, lks_config *cfg) {
   TRY(get_bool(&s, "tie_word_embeddings", &cfg->tie_embeddings, false));
   TRY(get_int(&s, "max_position_embeddings", &cfg->max_pos, 131072, false));
   TRY(get_eos(root, what, cfg));
+  if (dsa) TRY(parse_indexer_types(&s, cfg));
 #undef TRY
-  cfg->rot_dims = (int)((float)cfg->head_dim * cfg->partial_rotary + 0.5f);
+  if (!dsa) cfg->rot_dims = (int)((float)cfg->head_dim * cfg->partial_rotary + 0.5f);
   rc = lks_config_validate(cfg, what);
 done:
   json_decref(root);
   return rc;
 }
 
+static int validate_mla(const lks_config *c, const char *what) {
+  const lks_mla_config *m = &c->mla;
+  struct {
+    const char *name;
+    int v;
+  } pos[] = {{"q_lora_rank", m->q_lora},         {"kv_lora_rank", m->kv_lora},
+             {"qk_nope_head_dim", m->qk_nope},   {"qk_rope_head_dim", m->qk_rope},
+             {"v_head_dim", m->v_head},          {"index_n_heads", m->index_heads},
+             {"index_head_dim", m->index_dim},   {"index_topk", m->index_topk}};
+  for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+    if (pos[i].v <= 0)
+      return lks_set_error(LKS_ECONFIG, "%s: '%s' must be positive, is %d", what, pos[i].name, pos[i].v);
+  if (m->qk_rope % 2 || m->qk_rope > m->index_dim)
+    return lks_set_error(LKS_ECONFIG, "%s: qk_rope_head_dim %d must be even and at most index_head_dim %d",
+                         what, m->qk_rope, m->index_dim);
+  return 0;
+}
+
 int lks_config_validate(const lks_config *c, const char *what) {
+  // MLA's own sizes first: head_dim and rot_dims below derive from them.
+  if (c->arch == LKS_ARCH_GLM_MOE_DSA) LKS_TRY(validate_mla(c, what));
   struct {
     const char *name;
     int v;

@@ -22,8 +22,10 @@ struct lks_kv_cache {
   size_t bytes;
 };
 
-lks_kv_cache *lks_kv_new(lks_backend *be, int n_layers, int n_kv_heads, int head_dim,
-                         int block_size, int n_blocks, int max_seqs, int max_seq_len) {
+// width NULL: K and V pools of n_kv_heads * head_dim; else K pools of width[l] alone.
+static lks_kv_cache *kv_new(lks_backend *be, int n_layers, int n_kv_heads, int head_dim,
+                            const int *width, int block_size, int n_blocks, int max_seqs,
+                            int max_seq_len) {
   lks_kv_cache *kv = calloc(1, sizeof *kv);
   if (!kv) return NULL;
   kv->be = be;
@@ -44,18 +46,20 @@ lks_kv_cache *lks_kv_new(lks_backend *be, int n_layers, int n_kv_heads, int head
   for (int s = 0; s < max_seqs; s++) kv->seq_len[s] = -1;
   for (int b = 0; b < n_blocks; b++) kv->free_list[b] = n_blocks - 1 - b;  // block 0 on top
   kv->n_free = n_blocks;
-  size_t pool = (size_t)n_blocks * block_size * n_kv_heads * head_dim * sizeof(float);
   for (int l = 0; l < n_layers; l++) {
     lks_kv_layer *L = &kv->layers[l];
+    int heads = width ? 1 : n_kv_heads, hd = width ? width[l] : head_dim;
     *L = (lks_kv_layer){.n_blocks = n_blocks, .block_size = block_size,
-                        .n_kv_heads = n_kv_heads, .head_dim = head_dim};
+                        .n_kv_heads = heads, .head_dim = hd};
+    size_t pool = (size_t)n_blocks * block_size * heads * hd * sizeof(float);
+    if (pool == 0) continue;
     L->k = be->ops->buf_alloc(be, pool);
-    L->v = be->ops->buf_alloc(be, pool);
-    if (!L->k || !L->v) {
+    L->v = width ? NULL : be->ops->buf_alloc(be, pool);
+    if (!L->k || (!width && !L->v)) {
       lks_set_error(LKS_ENOMEM, "KV cache: cannot allocate %zu bytes for layer %d", 2 * pool, l);
       goto fail;
     }
-    kv->bytes += 2 * pool;
+    kv->bytes += (width ? 1 : 2) * pool;
   }
   return kv;
 fail:
@@ -63,11 +67,22 @@ fail:
   return NULL;
 }
 
+lks_kv_cache *lks_kv_new(lks_backend *be, int n_layers, int n_kv_heads, int head_dim,
+                         int block_size, int n_blocks, int max_seqs, int max_seq_len) {
+  return kv_new(be, n_layers, n_kv_heads, head_dim, NULL, block_size, n_blocks, max_seqs,
+                max_seq_len);
+}
+
+lks_kv_cache *lks_kv_new_widths(lks_backend *be, int n_layers, const int *width, int block_size,
+                                int n_blocks, int max_seqs, int max_seq_len) {
+  return kv_new(be, n_layers, 0, 0, width, block_size, n_blocks, max_seqs, max_seq_len);
+}
+
 void lks_kv_free(lks_kv_cache *kv) {
   if (!kv) return;
   for (int l = 0; kv->layers && l < kv->n_layers; l++) {
-    kv->be->ops->buf_free(kv->be, kv->layers[l].k);
-    kv->be->ops->buf_free(kv->be, kv->layers[l].v);
+    if (kv->layers[l].k) kv->be->ops->buf_free(kv->be, kv->layers[l].k);
+    if (kv->layers[l].v) kv->be->ops->buf_free(kv->be, kv->layers[l].v);
   }
   free(kv->layers);
   free(kv->block_table);
@@ -169,8 +184,10 @@ int lks_kv_block_copy(lks_kv_cache *kv, int32_t dst, int32_t src) {
     lks_kv_layer *L = &kv->layers[l];
     int64_t rows = (int64_t)L->n_blocks * B, w = (int64_t)L->n_kv_heads * L->head_dim;
     lks_tensor k = lks_tensor_2d(L->k, 0, LKS_F32, rows, w), v = lks_tensor_2d(L->v, 0, LKS_F32, rows, w);
-    rc = kv->be->ops->gather_rows(kv->be, lks_tensor_rows(k, (int64_t)dst * B, B), k, idx);
-    if (rc == 0) rc = kv->be->ops->gather_rows(kv->be, lks_tensor_rows(v, (int64_t)dst * B, B), v, idx);
+    // A k-only layer (lks_kv_new_widths) has no V pool, and one of width 0 no pool at all.
+    if (L->k) rc = kv->be->ops->gather_rows(kv->be, lks_tensor_rows(k, (int64_t)dst * B, B), k, idx);
+    if (rc == 0 && L->v)
+      rc = kv->be->ops->gather_rows(kv->be, lks_tensor_rows(v, (int64_t)dst * B, B), v, idx);
   }
   free(idx);
   return rc;

@@ -18,6 +18,12 @@ typedef struct lks_kv_cache lks_kv_cache;
 // max_seq_len positions each. NULL on failure.
 lks_kv_cache *lks_kv_new(lks_backend *be, int n_layers, int n_kv_heads, int head_dim,
                          int block_size, int n_blocks, int max_seqs, int max_seq_len);
+// The same with one pool per layer of width[l] f32 values per position and no V pool (k only;
+// n_kv_heads 1, head_dim width[l]); a width of 0 gives that layer no pool. The MLA cache of
+// glm_moe_dsa: every layer's latent + rope key, and its indexer's keys, under one block table,
+// so that resizing a sequence (a rollback) moves them together.
+lks_kv_cache *lks_kv_new_widths(lks_backend *be, int n_layers, const int *width, int block_size,
+                                int n_blocks, int max_seqs, int max_seq_len);
 void lks_kv_free(lks_kv_cache *kv);
 
 // A free sequence slot (>= 0), or LKS_EFULL.

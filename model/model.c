@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "model/mla.h"
 #include "model/safetensors.h"
 
 typedef struct {
@@ -25,6 +26,7 @@ typedef struct {
 typedef struct {
   lks_tensor ln1, ln2;
   lks_tensor wq, wk, wv, bq, bk, bv, wo, q_norm, k_norm;
+  const lks__mla_layer *mla;  // glm_moe_dsa: the attention's tensors instead (model/mla.c)
   bool moe;
   ffn_w dense;          // dense layers
   lks_tensor router;    // [E, H]
@@ -58,6 +60,7 @@ struct lks_model {
   shard sh;
   lks_comm *comm;   // not owned; NULL at world 1
   lks_backend *be;
+  lks__mla *mla;    // glm_moe_dsa's attention (model/mla.c); NULL for glm4_moe
   lks_safetensors *st;
   lks_tensor embed, norm, lm_head;
   layer_w *layers;  // [n_layers + n_mtp]
@@ -208,6 +211,10 @@ static int bind_layer(lks_model *m, int l) {
 #define NAME(fmt) (snprintf(n, sizeof n, "model.layers.%d." fmt, l), n)
   L->ln1 = bind(m, mtp, NAME("input_layernorm.weight"), 0, H, true);
   L->ln2 = bind(m, mtp, NAME("post_attention_layernorm.weight"), 0, H, true);
+  if (m->mla) {
+    L->mla = lks__mla_bind(m->mla, m, l);
+    goto ffn;
+  }
   L->wq = bind_rows(m, mtp, NAME("self_attn.q_proj.weight"), qd, H, q0, nq);
   L->wk = bind_rows(m, mtp, NAME("self_attn.k_proj.weight"), kvd, H, k0, nk);
   L->wv = bind_rows(m, mtp, NAME("self_attn.v_proj.weight"), kvd, H, k0, nk);
@@ -221,6 +228,7 @@ static int bind_layer(lks_model *m, int l) {
     L->q_norm = bind(m, mtp, NAME("self_attn.q_norm.weight"), 0, hd, true);
     L->k_norm = bind(m, mtp, NAME("self_attn.k_norm.weight"), 0, hd, true);
   }
+ffn:
   // The MTP layer is always an MoE layer (GLM's nextn layer follows the last, MoE, layer).
   L->moe = mtp || l >= c->first_dense;
   if (!L->moe) {
@@ -248,6 +256,19 @@ static int bind_layer(lks_model *m, int l) {
   }
 #undef NAME
   return 0;
+}
+
+lks_tensor lks__model_bind(lks_model *m, bool mtp, const char *name, int64_t rows, int64_t cols,
+                           bool required) {
+  return bind(m, mtp, name, rows, cols, required);
+}
+lks_tensor lks__model_bind_rows(lks_model *m, bool mtp, const char *name, int64_t rows,
+                                int64_t cols, int64_t r0, int64_t nr) {
+  return bind_rows(m, mtp, name, rows, cols, r0, nr);
+}
+lks_tensor lks__model_bind_cols(lks_model *m, bool mtp, const char *name, int64_t rows,
+                                int64_t cols, int64_t c0, int64_t nc) {
+  return bind_cols(m, mtp, name, rows, cols, c0, nc);
 }
 
 int lks_model_check_split(const lks_config *c, int W) {
@@ -317,6 +338,11 @@ lks_model *lks_model_load_shard(const char *dir, lks_backend *be, lks_comm *comm
     goto fail;
   }
   plan_shard(&m->cfg, rank, world, &m->sh);
+  if (m->cfg.arch == LKS_ARCH_GLM_MOE_DSA &&
+      !(m->mla = lks__mla_new(be, &m->cfg, m->sh.h0, m->sh.n_heads))) {
+    if (fn) fn(ctx, lks_last_error());
+    goto fail;
+  }
   m->st = lks_safetensors_open(dir);
   if (!m->st) {
     if (fn) fn(ctx, lks_last_error());
@@ -372,6 +398,7 @@ void lks_model_free(lks_model *m) {
   for (int l = 0; m->layers && l < m->cfg.n_layers + m->cfg.n_mtp; l++) free(m->layers[l].experts);
   free(m->layers);
   lks_safetensors_close(m->st);
+  lks__mla_free(m->mla);
   free(m->route_ids);
   free(m->route_w);
   free(m->exp_rows);
@@ -388,6 +415,7 @@ lks_backend *lks_model_backend(const lks_model *m) { return m->be; }
 
 lks_kv_cache *lks_model_kv_new(const lks_model *m, bool mtp, int block_size, int n_blocks,
                                int max_seqs, int max_seq_len) {
+  if (m->mla) return lks__mla_kv_new(m->be, &m->cfg, mtp, block_size, n_blocks, max_seqs, max_seq_len);
   return lks_kv_new(m->be, mtp ? m->cfg.n_mtp : m->cfg.n_layers, m->sh.n_kv, m->cfg.head_dim,
                     block_size, n_blocks, max_seqs, max_seq_len);
 }
@@ -494,18 +522,16 @@ static int partial_start(lks_model *m, lks_tensor x) {
   return m->be->ops->zero(m->be, x);
 }
 
-// One decoder layer on the residual stream x [n, H]: this rank's heads and FFN shard, with one
-// all-reduce after the attention and one after the FFN.
-static int layer_forward(lks_model *m, int l, const layer_w *L, const lks_kv_layer *kv,
-                         const lks_attn_rows *rows, const int32_t *pos, int n) {
+// GQA attention (glm4_moe) of h = input_layernorm(x): x += Wo attention(h), this rank's heads.
+static int gqa_attention(lks_model *m, const layer_w *L, lks_tensor x, lks_tensor h,
+                         const lks_kv_layer *kv, const lks_attn_rows *rows, const int32_t *pos,
+                         int n) {
   const lks_config *c = &m->cfg;
   lks_backend *be = m->be;
-  int H = c->hidden, nh = m->sh.n_heads, nkv = m->sh.n_kv;
+  int nh = m->sh.n_heads, nkv = m->sh.n_kv;
   int qd = nh * c->head_dim, kvd = nkv * c->head_dim;
-  lks_tensor x = act(m->a.x, n, H), h = act(m->a.h, n, H);
   lks_tensor q = act(m->a.q, n, qd), k = act(m->a.k, n, kvd), v = act(m->a.v, n, kvd);
   lks_tensor att = act(m->a.att, n, qd);
-  LKS_TRY(be->ops->rmsnorm(be, h, x, L->ln1, c->eps));
   LKS_TRY(be->ops->matmul(be, q, h, L->wq, L->bq, false));
   LKS_TRY(be->ops->matmul(be, k, h, L->wk, L->bk, false));
   LKS_TRY(be->ops->matmul(be, v, h, L->wv, L->bv, false));
@@ -523,7 +549,25 @@ static int layer_forward(lks_model *m, int l, const layer_w *L, const lks_kv_lay
   LKS_TRY(be->ops->attention(be, att, q, kv, rows, nh, 1.0f / sqrtf((float)c->head_dim)));
   lks_tensor none = {0};
   LKS_TRY(partial_start(m, x));
-  LKS_TRY(be->ops->matmul(be, x, att, L->wo, none, true));
+  return be->ops->matmul(be, x, att, L->wo, none, true);
+}
+
+// One decoder layer on the residual stream x [n, H]: this rank's heads and FFN shard, with one
+// all-reduce after the attention and one after the FFN. kl: the layer's index in `kv` (the
+// target layer, or 0 in the MTP cache).
+static int layer_forward(lks_model *m, int l, const layer_w *L, const lks_kv_cache *kv, int kl,
+                         const lks_attn_rows *rows, const int32_t *pos, int n) {
+  const lks_config *c = &m->cfg;
+  lks_backend *be = m->be;
+  int H = c->hidden;
+  lks_tensor x = act(m->a.x, n, H), h = act(m->a.h, n, H);
+  LKS_TRY(be->ops->rmsnorm(be, h, x, L->ln1, c->eps));
+  if (m->mla) {
+    LKS_TRY(partial_start(m, x));
+    LKS_TRY(lks__mla_forward(m->mla, l, x, h, kv, kl, rows, n));
+  } else {
+    LKS_TRY(gqa_attention(m, L, x, h, lks_kv_layer_at(kv, kl), rows, pos, n));
+  }
   LKS_TRY(allreduce(m, x, "attention", l));
   LKS_TRY(be->ops->rmsnorm(be, h, x, L->ln2, c->eps));
   LKS_TRY(partial_start(m, x));
@@ -559,7 +603,7 @@ int lks_model_forward(lks_model *m, lks_kv_cache *kv, const lks_batch *b, lks_te
   lks_tensor x = act(m->a.x, n, c->hidden);
   LKS_TRY(be->ops->embed(be, x, m->embed, b->tokens));
   for (int l = 0; l < c->n_layers; l++)
-    LKS_TRY(layer_forward(m, l, &m->layers[l], lks_kv_layer_at(kv, l), &rows, b->pos, n));
+    LKS_TRY(layer_forward(m, l, &m->layers[l], kv, l, &rows, b->pos, n));
   lks_tensor hid = act(m->a.hid, n, c->hidden);
   LKS_TRY(be->ops->rmsnorm(be, hid, x, m->norm, c->eps));
   if (hidden) *hidden = hid;
@@ -601,7 +645,7 @@ int lks_model_mtp(lks_model *m, lks_kv_cache *mtp_kv, const lks_batch *b, lks_te
   LKS_TRY(be->ops->rmsnorm(be, h_half, h_in, L->hnorm, c->eps));
   lks_tensor none = {0};
   LKS_TRY(be->ops->matmul(be, x, ucat, L->eh_proj, none, false));
-  LKS_TRY(layer_forward(m, c->n_layers, L, lks_kv_layer_at(mtp_kv, 0), &rows, b->pos, n));
+  LKS_TRY(layer_forward(m, c->n_layers, L, mtp_kv, 0, &rows, b->pos, n));
   lks_tensor cy = act(m->a.carry, n, H);
   LKS_TRY(be->ops->rmsnorm(be, cy, x, L->head_norm, c->eps));
   if (carry) *carry = cy;
@@ -673,6 +717,7 @@ static void layer_cost(const lks_model *m, const layer_w *L, int64_t *bytes, int
     *bytes += tbytes(fixed[i]);
     *params += tnum(fixed[i]);
   }
+  lks__mla_cost(L->mla, bytes, params);
   if (L->moe && L->experts) {
     // top_k experts per token, of which this rank holds n_experts / E on average (all experts
     // have the same shape).
@@ -702,4 +747,5 @@ void lks_model_stats_get(const lks_model *m, lks_model_stats *s) {
     s->bytes_mtp_step = mb + tbytes(m->lm_head) + m->embed.cols * (int64_t)lks_dtype_size(m->embed.dtype);
   }
   s->kv_bytes_per_pos = (int64_t)c->n_layers * 2 * m->sh.n_kv * c->head_dim * (int64_t)sizeof(float);
+  if (m->mla) s->kv_bytes_per_pos = lks__mla_kv_floats_per_pos(c) * (int64_t)sizeof(float);
 }

@@ -57,8 +57,10 @@ static double rel_err(const float *a, const float *ref, size_t n) {
 // Bytes that every rank holds whole (DESIGN.md section 5: embedding, norms, router, MTP's
 // enorm/hnorm/eh_proj); the rest is split N ways.
 static bool replicated(const char *name) {
+  // glm_moe_dsa: the latent projections and the whole indexer too (model/mla.h).
   const char *pats[] = {"embed_tokens", "norm.weight", "layernorm", "mlp.gate.weight",
-                        "e_score_correction_bias", "eh_proj"};
+                        "e_score_correction_bias", "eh_proj", "q_a_proj", "kv_a_proj_with_mqa",
+                        "self_attn.indexer."};
   for (size_t i = 0; i < sizeof pats / sizeof pats[0]; i++)
     if (strstr(name, pats[i])) return true;
   return false;

@@ -85,6 +85,60 @@ START_TEST(refusals) {
 }
 END_TEST
 
+// GLM-5's config.json (sizes as in MODEL.md section 4), with GLM-5.2's indexer fields.
+static const char *glm5 =
+    "{\"architectures\": [\"GlmMoeDsaForCausalLM\"], \"model_type\": \"glm_moe_dsa\","
+    " \"attention_bias\": false, \"eos_token_id\": [154820, 154827, 154829], \"hidden_size\": 6144,"
+    " \"intermediate_size\": 12288, \"moe_intermediate_size\": 2048, \"num_hidden_layers\": 78,"
+    " \"num_attention_heads\": 64, \"num_key_value_heads\": 64, \"n_shared_experts\": 1,"
+    " \"n_routed_experts\": 256, \"routed_scaling_factor\": 2.5, \"kv_lora_rank\": 512,"
+    " \"q_lora_rank\": 2048, \"qk_rope_head_dim\": 64, \"v_head_dim\": 256, \"qk_nope_head_dim\": 192,"
+    " \"n_group\": 1, \"topk_group\": 1, \"num_experts_per_tok\": 8, \"first_k_dense_replace\": 3,"
+    " \"norm_topk_prob\": true, \"rms_norm_eps\": 1e-05, \"vocab_size\": 154880, \"head_dim\": 64,"
+    " \"index_topk\": 2048, \"index_head_dim\": 128, \"index_n_heads\": 32, \"index_topk_freq\": 4,"
+    " \"index_skip_topk_offset\": 3, \"num_nextn_predict_layers\": 1, \"tie_word_embeddings\": false,"
+    " \"rope_parameters\": {\"rope_theta\": 8000000, \"rope_type\": \"default\"},"
+    " \"max_position_embeddings\": 202752}";
+
+static void refused5(const char *from, const char *to, const char *want) {
+  const char *at = strstr(glm5, from);
+  ck_assert_msg(at != NULL, "test bug: '%s' not in the config", from);
+  char buf[4096];
+  snprintf(buf, sizeof buf, "%.*s%s%s", (int)(at - glm5), glm5, to, at + strlen(from));
+  lks_config c;
+  lks_clear_error();
+  ck_assert_msg(lks_config_parse(buf, "config.json", &c) < 0, "accepted with %s", to);
+  ck_assert_msg(strstr(lks_last_error(), want) != NULL, "message '%s' lacks '%s'", lks_last_error(),
+                want);
+}
+
+START_TEST(glm5_dsa) {
+  lks_config c;
+  ck_assert_msg(lks_config_parse(glm5, "glm5", &c) == 0, "%s", lks_last_error());
+  ck_assert_int_eq(c.arch, LKS_ARCH_GLM_MOE_DSA);
+  ck_assert_int_eq(c.mla.q_lora, 2048);
+  ck_assert_int_eq(c.mla.kv_lora, 512);
+  ck_assert_int_eq(c.head_dim, 256);  // qk_nope + qk_rope, not the file's head_dim
+  ck_assert_int_eq(c.rot_dims, 64);
+  ck_assert_int_eq(c.mla.v_head, 256);
+  ck_assert_int_eq(c.mla.index_heads, 32);
+  ck_assert_int_eq(c.mla.index_topk, 2048);
+  ck_assert_float_eq(c.rope_theta, 8e6f);
+  ck_assert(!c.mla.rope_half_split && !c.mla.index_rope_half_split);
+  // freq 4, offset 3: full iff max(i - 2, 0) % 4 == 0: layers 0, 1, 2, 6, 10, ...; MTP full.
+  const char *want = "FFFSSSFSSSF";
+  for (int i = 0; want[i]; i++) ck_assert_int_eq(c.mla.index_full[i], want[i] == 'F');
+  ck_assert(c.mla.index_full[78]);
+  refused5("\"attention_bias\": false", "\"attention_bias\": true", "attention_bias");
+  refused5("\"q_lora_rank\": 2048", "\"q_lora_rank\": null", "q_lora_rank");
+  refused5("\"kv_lora_rank\": 512,", "", "kv_lora_rank");
+  refused5("\"rope_type\": \"default\"", "\"rope_type\": \"yarn\"", "rope_type");
+  refused5("\"index_topk_freq\": 4", "\"index_topk_pattern\": \"FS\"", "index_topk_pattern");
+  refused5("\"index_skip_topk_offset\": 3,", "\"indexer_types\": [\"shared\"],", "indexer_types");
+  refused5("\"qk_rope_head_dim\": 64", "\"qk_rope_head_dim\": 63", "qk_rope_head_dim");
+}
+END_TEST
+
 START_TEST(defaults) {
   // Fields with Hugging Face defaults may be absent.
   char buf[4096];
@@ -103,6 +157,7 @@ int main(void) {
   tcase_add_test(tc, glm45_air);
   tcase_add_test(tc, refusals);
   tcase_add_test(tc, defaults);
+  tcase_add_test(tc, glm5_dsa);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
