@@ -21,9 +21,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "coordinator/api.h"
+#include "coordinator/api_openai.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "text/chat.h"
+#include "worker/world.h"
 
 struct lks_http {
   struct MHD_Daemon *d;
@@ -39,6 +42,9 @@ struct lks_http {
   atomic_int open_responses;  // generation responses still being written
   pthread_mutex_t mu;  // the request counters below
   uint64_t by_status[6];  // 2xx, 4xx (other), 400, 429, 5xx, 503 — see status_index
+  lks_api_stats stats;  // per API, tool calls, reasoning tokens (api.h)
+  lks_api_ctx cx;       // what the API dialects need of the server
+  char fingerprint[96];
 };
 
 typedef struct {
@@ -276,7 +282,8 @@ static bool parse_completion(lks_http *h, json_t *o, lks_req_params *p, verr *e)
   return bad(e, 400, "prompt", "'prompt' must be a string, a list of one string, or a list of token ids");
 }
 
-static bool parse_chat(lks_http *h, json_t *o, lks_req_params *p, verr *e) {
+static bool parse_chat(lks_http *h, json_t *o, lks_req_params *p, verr *e,
+                       const json_t **parser_tools) {
   json_t *msgs = json_object_get(o, "messages");
   if (!json_is_array(msgs)) return bad(e, 400, "messages", "'messages' must be a list");
   if (json_array_size(msgs) == 0) return bad(e, 400, "messages", "'messages' is empty");
@@ -297,17 +304,21 @@ static bool parse_chat(lks_http *h, json_t *o, lks_req_params *p, verr *e) {
     if (content && !json_is_null(content) && !json_is_string(content) && !json_is_array(content))
       return bad(e, 400, "messages", "messages[%zu].content must be a string or a list of parts", i);
   }
-  json_t *tools = json_object_get(o, "tools");
-  if (tools && !json_is_null(tools) && !json_is_array(tools))
-    return bad(e, 400, "tools", "'tools' must be a list");
-  int think = -1;
-  json_t *ctk = json_object_get(o, "chat_template_kwargs");
-  if (json_is_object(ctk) && json_is_boolean(json_object_get(ctk, "enable_thinking")))
-    think = json_is_true(json_object_get(ctk, "enable_thinking"));
+  // Tools, tool calls, tool results, thinking: api_openai.c.
+  json_t *conv;
+  const json_t *tools;
+  int think;
+  bool parse_tools;
+  lks_api_err ae = {0};
+  if (!lks_oai_chat_prepare(&h->cx, o, &conv, &tools, &think, &parse_tools, &ae))
+    return bad(e, ae.status, ae.param, "%s", ae.msg);
+  *parser_tools = parse_tools ? tools : NULL;
+  p->keep_markup = true;
   char *text;
   size_t len;
-  if (lks_chat_render(msgs, json_is_array(tools) ? tools : NULL, think, true, &text, &len) < 0)
-    return bad(e, 400, "messages", "%s", lks_last_error());
+  int rc = lks_chat_render(conv, tools, think, true, &text, &len);
+  json_decref(conv);
+  if (rc < 0) return bad(e, 400, "messages", "%s", lks_last_error());
   bool ok = encode(h, text, len, p, e);
   free(text);
   return ok;
@@ -327,6 +338,7 @@ typedef struct {
   bool sent_role, finished;
   size_t n_text;  // non-stream: the text so far
   char *text;
+  lks_api_fmt fmt;  // when set, it writes the response (chat: api_openai.c)
 } gen;
 
 static void gen_put(gen *g, const char *s, size_t n) {
@@ -375,10 +387,16 @@ static json_t *chunk(gen *g, const char *text, size_t len, const char *finish) {
 }
 
 // Produces the next piece of the response (blocking until there is one).
+static void gen_sink_put(void *ctx, const char *s, size_t n) { gen_put(ctx, s, n); }
+
 static void gen_produce(gen *g) {
   lks_req_news n;
   lks_req_read(g->req, 0.25, &n);
-  if (n.failed) {
+  if (g->fmt.news) {
+    lks_api_sink k = {gen_sink_put, g};
+    g->fmt.news(g->fmt.st, &n, &k);
+    g->finished = n.failed || n.done;
+  } else if (n.failed) {
     json_t *err = error_body(n.error[0] ? n.error : "the model failed", "server_error", NULL, NULL);
     if (g->stream) {
       gen_event(g, err);
@@ -464,6 +482,7 @@ static void gen_free(void *cls) {
   gen *g = cls;
   atomic_fetch_sub(&g->h->open_responses, 1);
   if (!g->finished) lks_req_cancel(g->req);  // the client left early
+  if (g->fmt.free) g->fmt.free(g->fmt.st);
   lks_req_release(g->req);
   free(g->out);
   free(g->text);
@@ -474,8 +493,9 @@ static enum MHD_Result generate(lks_http *h, struct MHD_Connection *c, json_t *o
   lks_req_params p = {0};
   verr e = {0};
   bool stream = false, usage_in_stream = false;
+  const json_t *tools = NULL;
   bool ok = parse_common(h, o, &p, &stream, &usage_in_stream, &e) &&
-            (chat ? parse_chat(h, o, &p, &e) : parse_completion(h, o, &p, &e)) &&
+            (chat ? parse_chat(h, o, &p, &e, &tools) : parse_completion(h, o, &p, &e)) &&
             check_length(h, &p, chat ? -1 : 16, &e);
   if (!ok) {
     free(p.prompt);
@@ -502,6 +522,14 @@ static enum MHD_Result generate(lks_http *h, struct MHD_Connection *c, json_t *o
   g->created = (long)time(NULL);
   snprintf(g->id, sizeof g->id, "%s-%llu", chat ? "chatcmpl" : "cmpl",
            (unsigned long long)atomic_fetch_add(&h->next_id, 1));
+  if (chat && lks_oai_chat_fmt(&h->cx, r, tools, g->id, g->created, stream, usage_in_stream,
+                               g->token_ids, &g->fmt) < 0) {
+    lks_req_cancel(r);
+    lks_req_release(r);
+    free(g);
+    return fail(h, c, 500, NULL, "out of memory");
+  }
+  atomic_fetch_add(&h->stats.requests[chat ? LKS_API_CHAT : LKS_API_COMPLETIONS], 1);
   atomic_fetch_add(&h->open_responses, 1);
   struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, gen_reader, g, gen_free);
   MHD_add_response_header(resp, "Content-Type", stream ? "text/event-stream" : "application/json");
@@ -812,6 +840,10 @@ lks_http *lks_http_start(const lks_settings *s, lks_sched *sched, lks_world *w,
   h->max_len = (int)lks_settings_int(s, "max-seq-len");
   pthread_mutex_init(&h->mu, NULL);
   snprintf(h->model_id, sizeof h->model_id, "%s", model_id);
+  snprintf(h->fingerprint, sizeof h->fingerprint, "fp_%s", lks_build_id());
+  h->cx = (lks_api_ctx){.tok = tok, .model_id = h->model_id, .max_len = h->max_len,
+                        .no_think = lks_settings_bool(s, "no-think"),
+                        .fingerprint = h->fingerprint, .stats = &h->stats};
   const char *key = lks_settings_str(s, "api-key"), *tokn = lks_settings_str(s, "admin-token"),
              *tokf = lks_settings_str(s, "admin-token-file");
   if (key) snprintf(h->api_key, sizeof h->api_key, "%s", key);

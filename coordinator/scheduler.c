@@ -21,6 +21,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "text/toolcall.h"
 
 static void deadline_in(struct timespec *ts, double s) {
   clock_gettime(CLOCK_REALTIME, ts);
@@ -310,6 +311,7 @@ lks_req *lks_sched_submit(lks_sched *s, lks_req_params *p, int *err) {
   r->slot = -1;
   r->t_submit = lks_clock();
   r->detok = s->tok ? lks_detok_new(s->tok, true) : NULL;
+  if (r->detok && r->p.keep_markup) lks_detok_keep(r->detok, lks_glm_markup, lks_glm_n_markup);
   pthread_mutex_lock(&s->mu);
   if (s->failed || s->stopping) {
     *err = LKS_EBACKEND;
