@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "coordinator/api.h"
+#include "coordinator/api_anthropic.h"
 #include "coordinator/api_openai.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -111,6 +112,13 @@ static enum MHD_Result fail(lks_http *h, struct MHD_Connection *c, unsigned stat
 }
 
 // ---- auth ----
+
+static bool token_ok_raw(const char *got, const char *want) {
+  size_t a = strlen(got), b = strlen(want);
+  unsigned diff = (unsigned)(a ^ b);
+  for (size_t i = 0; i < b; i++) diff |= (unsigned)(got[i < a ? i : 0] ^ want[i]);
+  return diff == 0;
+}
 
 static bool token_ok(const char *header, const char *want) {
   if (!header || strncmp(header, "Bearer ", 7) != 0) return false;
@@ -540,6 +548,69 @@ static enum MHD_Result generate(lks_http *h, struct MHD_Connection *c, json_t *o
   return rc;
 }
 
+// POST /v1/messages and /v1/messages/count_tokens: the Anthropic Messages API (api_anthropic.c),
+// with Anthropic-shaped errors.
+static enum MHD_Result anth_fail(lks_http *h, struct MHD_Connection *c, unsigned status, const char *msg) {
+  return send_json(h, c, status, lks_anth_error(status, msg));
+}
+
+static enum MHD_Result messages(lks_http *h, struct MHD_Connection *c, json_t *o, bool count_only) {
+  if (!o) return anth_fail(h, c, 400, "the body must be a JSON object");
+  if (!count_only && (!lks_sched_healthy(h->sched) || lks_sched_draining(h->sched)))
+    return anth_fail(h, c, 503, "the server is not accepting requests (draining or failed)");
+  lks_req_params p = {0};
+  json_t *tools = NULL;
+  bool stream = false;
+  lks_api_err e = {0};
+  bool ok = lks_anth_prepare(&h->cx, o, count_only, &p, &tools, &stream, &e);
+  if (!ok || count_only) {
+    free(p.prompt);
+    for (int i = 0; i < p.n_stop; i++) free(p.stop[i]);
+    free(p.stop);
+    json_decref(tools);
+    if (!ok) return anth_fail(h, c, e.status, e.msg);
+    atomic_fetch_add(&h->stats.requests[LKS_API_COUNT_TOKENS], 1);
+    return send_json(h, c, 200, json_pack("{s:i}", "input_tokens", p.n_prompt));
+  }
+  gen *g = calloc(1, sizeof *g);
+  if (!g) return anth_fail(h, c, 500, "out of memory");
+  g->h = h;
+  g->stream = stream;
+  g->created = (long)time(NULL);
+  snprintf(g->id, sizeof g->id, "msg_%llu", (unsigned long long)atomic_fetch_add(&h->next_id, 1));
+  // The formatter copies the stop strings before the request takes them.
+  lks_api_fmt fmt;
+  if (lks_anth_fmt(&h->cx, NULL, tools, g->id, stream, p.stop, p.n_stop, &fmt) < 0) {
+    free(g);
+    free(p.prompt);
+    for (int i = 0; i < p.n_stop; i++) free(p.stop[i]);
+    free(p.stop);
+    return anth_fail(h, c, 500, "out of memory");
+  }
+  int err;
+  lks_req *r = lks_sched_submit(h->sched, &p, &err);
+  free(p.prompt);
+  for (int i = 0; i < p.n_stop; i++) free(p.stop[i]);
+  free(p.stop);
+  if (!r) {
+    fmt.free(fmt.st);
+    free(g);
+    return err == LKS_EFULL ? anth_fail(h, c, 429, "the request queue is full; retry later")
+                            : anth_fail(h, c, 503, "the server is not accepting requests (draining or failed)");
+  }
+  g->req = r;
+  g->fmt = fmt;
+  atomic_fetch_add(&h->stats.requests[LKS_API_MESSAGES], 1);
+  atomic_fetch_add(&h->open_responses, 1);
+  struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, gen_reader, g, gen_free);
+  MHD_add_response_header(resp, "Content-Type", stream ? "text/event-stream" : "application/json");
+  if (stream) MHD_add_response_header(resp, "Cache-Control", "no-cache");
+  count(h, 200);
+  enum MHD_Result rc = MHD_queue_response(c, 200, resp);
+  MHD_destroy_response(resp);
+  return rc;
+}
+
 // ---- other endpoints ----
 
 static void hist_text(char **out, size_t *len, const char *name, const char *help, const lks_hist *hi) {
@@ -737,21 +808,35 @@ static enum MHD_Result route(lks_http *h, struct MHD_Connection *c, const char *
   }
   if (get && !strcmp(url, "/metrics")) return metrics(h, c);
   json_t *o = NULL;
+  bool anth = !strcmp(url, "/v1/messages") || !strcmp(url, "/v1/messages/count_tokens");
   if (post && cn->len) {
     json_error_t je;
     o = json_loadb(cn->body, cn->len, JSON_REJECT_DUPLICATES, &je);
+    if (!o && anth) return anth_fail(h, c, 400, "the body is not valid JSON");
     if (!o) return fail(h, c, 400, NULL, "the body is not valid JSON: %s (at byte %d)", je.text, je.position);
     if (!json_is_object(o)) {
       json_decref(o);
-      return fail(h, c, 400, NULL, "the body must be a JSON object");
+      return anth ? anth_fail(h, c, 400, "the body must be a JSON object")
+                  : fail(h, c, 400, NULL, "the body must be a JSON object");
     }
   }
+  // The API key: 'Authorization: Bearer KEY' (OpenAI clients) or 'x-api-key: KEY' (Anthropic's).
+  const char *xkey = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+  bool key_ok = !h->api_key[0] ||
+                token_ok(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"), h->api_key) ||
+                (xkey && strlen(xkey) == strlen(h->api_key) && token_ok_raw(xkey, h->api_key));
   enum MHD_Result rc;
   if (!strncmp(url, "/admin/", 7)) {
     rc = admin(h, c, url, method, o);
-  } else if (!strncmp(url, "/v1/", 4) && h->api_key[0] &&
-             !token_ok(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"), h->api_key)) {
-    rc = fail(h, c, 401, NULL, "a valid API key is required ('Authorization: Bearer <key>')");
+  } else if (!strncmp(url, "/v1/", 4) && !key_ok) {
+    rc = anth ? anth_fail(h, c, 401, "a valid API key is required ('x-api-key: <key>')")
+              : fail(h, c, 401, NULL, "a valid API key is required ('Authorization: Bearer <key>')");
+  } else if (post && anth) {
+    rc = messages(h, c, o, url[12] == '/');
+  } else if (get && !strncmp(url, "/v1/models/", 11)) {
+    rc = strcmp(url + 11, h->model_id) ? fail(h, c, 404, "model", "The model '%s' does not exist", url + 11)
+         : send_json(h, c, 200, json_pack("{s:s, s:s, s:i, s:s, s:i}", "id", h->model_id, "object", "model",
+                                          "created", 0, "owned_by", "lockstep", "max_model_len", h->max_len));
   } else if (get && !strcmp(url, "/v1/models")) {
     rc = send_json(h, c, 200, json_pack("{s:s, s:[{s:s, s:s, s:i, s:s, s:i}]}", "object", "list", "data",
                                         "id", h->model_id, "object", "model", "created", 0, "owned_by",

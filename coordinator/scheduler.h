@@ -51,6 +51,7 @@ typedef struct lks_req_news {
   int n_cached;  // prompt tokens the prefix cache gave (not prefilled)
   bool done;
   const char *finish_reason;  // "stop" or "length" once done
+  int stop_index;             // the stop string that ended it (index into lks_req_params.stop), or -1
   bool failed;                // the world failed: the request did not complete
   char error[512];
 } lks_req_news;
