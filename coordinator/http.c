@@ -643,6 +643,17 @@ static enum MHD_Result metrics(lks_http *h, struct MHD_Connection *c) {
     fprintf(f, "lockstep_http_requests_total{status=\"%s\"} %llu\n", codes[i],
             (unsigned long long)h->by_status[i]);
   pthread_mutex_unlock(&h->mu);
+  fprintf(f, "# HELP lockstep_api_requests_total Generation and count requests accepted, by API\n"
+             "# TYPE lockstep_api_requests_total counter\n");
+  for (int i = 0; i < LKS_API_N; i++)
+    fprintf(f, "lockstep_api_requests_total{api=\"%s\"} %llu\n", lks_api_names[i],
+            (unsigned long long)atomic_load(&h->stats.requests[i]));
+  fprintf(f, "# HELP lockstep_tool_calls_total Tool calls parsed from the model's output\n"
+             "# TYPE lockstep_tool_calls_total counter\nlockstep_tool_calls_total %llu\n"
+             "# HELP lockstep_reasoning_tokens_total Tokens of reasoning (<think>) text in outputs\n"
+             "# TYPE lockstep_reasoning_tokens_total counter\nlockstep_reasoning_tokens_total %llu\n",
+          (unsigned long long)atomic_load(&h->stats.tool_calls),
+          (unsigned long long)atomic_load(&h->stats.reasoning_tokens));
   fprintf(f,
           "# TYPE lockstep_prompt_tokens_total counter\nlockstep_prompt_tokens_total %llu\n"
           "# TYPE lockstep_generated_tokens_total counter\nlockstep_generated_tokens_total %llu\n"
