@@ -146,6 +146,31 @@ oom:
   return lks_api_bad(e, 500, NULL, "out of memory");
 }
 
+bool lks_oai_check_unsupported(const json_t *body, lks_api_err *e) {
+  const json_t *rf = json_object_get(body, "response_format");
+  if (rf && !json_is_null(rf)) {
+    const char *ty = json_string_value(json_object_get(rf, "type"));
+    if (!json_is_object(rf) || !ty)
+      return lks_api_bad(e, 400, "response_format", "'response_format' must be {\"type\": ...}");
+    if (strcmp(ty, "text"))
+      return lks_api_bad(e, 400, "response_format", "'response_format' {\"type\": \"%s\"} is not "
+                         "supported (no constrained decoding yet); only \"text\"", ty);
+  }
+  static const char *const pen[] = {"presence_penalty", "frequency_penalty"};
+  for (int i = 0; i < 2; i++) {
+    const json_t *v = json_object_get(body, pen[i]);
+    if (v && !json_is_null(v) && (!json_is_number(v) || json_number_value(v) != 0))
+      return lks_api_bad(e, 400, pen[i], "'%s' is not supported yet (only 0)", pen[i]);
+  }
+  const json_t *lb = json_object_get(body, "logit_bias");
+  if (lb && !json_is_null(lb) && (!json_is_object(lb) || json_object_size(lb)))
+    return lks_api_bad(e, 400, "logit_bias", "'logit_bias' is not supported yet (only {})");
+  const json_t *bo = json_object_get(body, "best_of");
+  if (bo && !json_is_null(bo) && !(json_is_integer(bo) && json_integer_value(bo) == 1))
+    return lks_api_bad(e, 400, "best_of", "'best_of' is not supported (only 1)");
+  return true;
+}
+
 // ---- the response ----
 
 typedef struct {

@@ -220,6 +220,8 @@ static bool parse_common(lks_http *h, json_t *o, lks_req_params *p, bool *stream
     if (!json_is_object(so)) return bad(e, 400, "stream_options", "'stream_options' must be an object");
     if (!get_bool(so, "include_usage", usage_in_stream, e)) return false;
   }
+  lks_api_err ae = {0};
+  if (!lks_oai_check_unsupported(o, &ae)) return bad(e, ae.status, ae.param, "%s", ae.msg);
   json_t *lp = json_object_get(o, "logprobs");
   if (lp && !json_is_null(lp) && !json_is_false(lp))
     return bad(e, 400, "logprobs", "'logprobs' is not supported");
