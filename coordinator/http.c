@@ -21,9 +21,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "coordinator/api.h"
+#include "coordinator/api_anthropic.h"
+#include "coordinator/api_openai.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "text/chat.h"
+#include "worker/world.h"
 
 struct lks_http {
   struct MHD_Daemon *d;
@@ -39,6 +43,9 @@ struct lks_http {
   atomic_int open_responses;  // generation responses still being written
   pthread_mutex_t mu;  // the request counters below
   uint64_t by_status[6];  // 2xx, 4xx (other), 400, 429, 5xx, 503 — see status_index
+  lks_api_stats stats;  // per API, tool calls, reasoning tokens (api.h)
+  lks_api_ctx cx;       // what the API dialects need of the server
+  char fingerprint[96];
 };
 
 typedef struct {
@@ -105,6 +112,13 @@ static enum MHD_Result fail(lks_http *h, struct MHD_Connection *c, unsigned stat
 }
 
 // ---- auth ----
+
+static bool token_ok_raw(const char *got, const char *want) {
+  size_t a = strlen(got), b = strlen(want);
+  unsigned diff = (unsigned)(a ^ b);
+  for (size_t i = 0; i < b; i++) diff |= (unsigned)(got[i < a ? i : 0] ^ want[i]);
+  return diff == 0;
+}
 
 static bool token_ok(const char *header, const char *want) {
   if (!header || strncmp(header, "Bearer ", 7) != 0) return false;
@@ -206,6 +220,8 @@ static bool parse_common(lks_http *h, json_t *o, lks_req_params *p, bool *stream
     if (!json_is_object(so)) return bad(e, 400, "stream_options", "'stream_options' must be an object");
     if (!get_bool(so, "include_usage", usage_in_stream, e)) return false;
   }
+  lks_api_err ae = {0};
+  if (!lks_oai_check_unsupported(o, &ae)) return bad(e, ae.status, ae.param, "%s", ae.msg);
   json_t *lp = json_object_get(o, "logprobs");
   if (lp && !json_is_null(lp) && !json_is_false(lp))
     return bad(e, 400, "logprobs", "'logprobs' is not supported");
@@ -276,7 +292,8 @@ static bool parse_completion(lks_http *h, json_t *o, lks_req_params *p, verr *e)
   return bad(e, 400, "prompt", "'prompt' must be a string, a list of one string, or a list of token ids");
 }
 
-static bool parse_chat(lks_http *h, json_t *o, lks_req_params *p, verr *e) {
+static bool parse_chat(lks_http *h, json_t *o, lks_req_params *p, verr *e,
+                       const json_t **parser_tools) {
   json_t *msgs = json_object_get(o, "messages");
   if (!json_is_array(msgs)) return bad(e, 400, "messages", "'messages' must be a list");
   if (json_array_size(msgs) == 0) return bad(e, 400, "messages", "'messages' is empty");
@@ -297,17 +314,21 @@ static bool parse_chat(lks_http *h, json_t *o, lks_req_params *p, verr *e) {
     if (content && !json_is_null(content) && !json_is_string(content) && !json_is_array(content))
       return bad(e, 400, "messages", "messages[%zu].content must be a string or a list of parts", i);
   }
-  json_t *tools = json_object_get(o, "tools");
-  if (tools && !json_is_null(tools) && !json_is_array(tools))
-    return bad(e, 400, "tools", "'tools' must be a list");
-  int think = -1;
-  json_t *ctk = json_object_get(o, "chat_template_kwargs");
-  if (json_is_object(ctk) && json_is_boolean(json_object_get(ctk, "enable_thinking")))
-    think = json_is_true(json_object_get(ctk, "enable_thinking"));
+  // Tools, tool calls, tool results, thinking: api_openai.c.
+  json_t *conv;
+  const json_t *tools;
+  int think;
+  bool parse_tools;
+  lks_api_err ae = {0};
+  if (!lks_oai_chat_prepare(&h->cx, o, &conv, &tools, &think, &parse_tools, &ae))
+    return bad(e, ae.status, ae.param, "%s", ae.msg);
+  *parser_tools = parse_tools ? tools : NULL;
+  p->keep_markup = true;
   char *text;
   size_t len;
-  if (lks_chat_render(msgs, json_is_array(tools) ? tools : NULL, think, true, &text, &len) < 0)
-    return bad(e, 400, "messages", "%s", lks_last_error());
+  int rc = lks_chat_render(conv, tools, think, true, &text, &len);
+  json_decref(conv);
+  if (rc < 0) return bad(e, 400, "messages", "%s", lks_last_error());
   bool ok = encode(h, text, len, p, e);
   free(text);
   return ok;
@@ -327,6 +348,7 @@ typedef struct {
   bool sent_role, finished;
   size_t n_text;  // non-stream: the text so far
   char *text;
+  lks_api_fmt fmt;  // when set, it writes the response (chat: api_openai.c)
 } gen;
 
 static void gen_put(gen *g, const char *s, size_t n) {
@@ -375,10 +397,16 @@ static json_t *chunk(gen *g, const char *text, size_t len, const char *finish) {
 }
 
 // Produces the next piece of the response (blocking until there is one).
+static void gen_sink_put(void *ctx, const char *s, size_t n) { gen_put(ctx, s, n); }
+
 static void gen_produce(gen *g) {
   lks_req_news n;
   lks_req_read(g->req, 0.25, &n);
-  if (n.failed) {
+  if (g->fmt.news) {
+    lks_api_sink k = {gen_sink_put, g};
+    g->fmt.news(g->fmt.st, &n, &k);
+    g->finished = n.failed || n.done;
+  } else if (n.failed) {
     json_t *err = error_body(n.error[0] ? n.error : "the model failed", "server_error", NULL, NULL);
     if (g->stream) {
       gen_event(g, err);
@@ -464,6 +492,7 @@ static void gen_free(void *cls) {
   gen *g = cls;
   atomic_fetch_sub(&g->h->open_responses, 1);
   if (!g->finished) lks_req_cancel(g->req);  // the client left early
+  if (g->fmt.free) g->fmt.free(g->fmt.st);
   lks_req_release(g->req);
   free(g->out);
   free(g->text);
@@ -474,8 +503,9 @@ static enum MHD_Result generate(lks_http *h, struct MHD_Connection *c, json_t *o
   lks_req_params p = {0};
   verr e = {0};
   bool stream = false, usage_in_stream = false;
+  const json_t *tools = NULL;
   bool ok = parse_common(h, o, &p, &stream, &usage_in_stream, &e) &&
-            (chat ? parse_chat(h, o, &p, &e) : parse_completion(h, o, &p, &e)) &&
+            (chat ? parse_chat(h, o, &p, &e, &tools) : parse_completion(h, o, &p, &e)) &&
             check_length(h, &p, chat ? -1 : 16, &e);
   if (!ok) {
     free(p.prompt);
@@ -502,6 +532,77 @@ static enum MHD_Result generate(lks_http *h, struct MHD_Connection *c, json_t *o
   g->created = (long)time(NULL);
   snprintf(g->id, sizeof g->id, "%s-%llu", chat ? "chatcmpl" : "cmpl",
            (unsigned long long)atomic_fetch_add(&h->next_id, 1));
+  if (chat && lks_oai_chat_fmt(&h->cx, r, tools, g->id, g->created, stream, usage_in_stream,
+                               g->token_ids, &g->fmt) < 0) {
+    lks_req_cancel(r);
+    lks_req_release(r);
+    free(g);
+    return fail(h, c, 500, NULL, "out of memory");
+  }
+  atomic_fetch_add(&h->stats.requests[chat ? LKS_API_CHAT : LKS_API_COMPLETIONS], 1);
+  atomic_fetch_add(&h->open_responses, 1);
+  struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, gen_reader, g, gen_free);
+  MHD_add_response_header(resp, "Content-Type", stream ? "text/event-stream" : "application/json");
+  if (stream) MHD_add_response_header(resp, "Cache-Control", "no-cache");
+  count(h, 200);
+  enum MHD_Result rc = MHD_queue_response(c, 200, resp);
+  MHD_destroy_response(resp);
+  return rc;
+}
+
+// POST /v1/messages and /v1/messages/count_tokens: the Anthropic Messages API (api_anthropic.c),
+// with Anthropic-shaped errors.
+static enum MHD_Result anth_fail(lks_http *h, struct MHD_Connection *c, unsigned status, const char *msg) {
+  return send_json(h, c, status, lks_anth_error(status, msg));
+}
+
+static enum MHD_Result messages(lks_http *h, struct MHD_Connection *c, json_t *o, bool count_only) {
+  if (!o) return anth_fail(h, c, 400, "the body must be a JSON object");
+  if (!count_only && (!lks_sched_healthy(h->sched) || lks_sched_draining(h->sched)))
+    return anth_fail(h, c, 503, "the server is not accepting requests (draining or failed)");
+  lks_req_params p = {0};
+  json_t *tools = NULL;
+  bool stream = false;
+  lks_api_err e = {0};
+  bool ok = lks_anth_prepare(&h->cx, o, count_only, &p, &tools, &stream, &e);
+  if (!ok || count_only) {
+    free(p.prompt);
+    for (int i = 0; i < p.n_stop; i++) free(p.stop[i]);
+    free(p.stop);
+    json_decref(tools);
+    if (!ok) return anth_fail(h, c, e.status, e.msg);
+    atomic_fetch_add(&h->stats.requests[LKS_API_COUNT_TOKENS], 1);
+    return send_json(h, c, 200, json_pack("{s:i}", "input_tokens", p.n_prompt));
+  }
+  gen *g = calloc(1, sizeof *g);
+  if (!g) return anth_fail(h, c, 500, "out of memory");
+  g->h = h;
+  g->stream = stream;
+  g->created = (long)time(NULL);
+  snprintf(g->id, sizeof g->id, "msg_%llu", (unsigned long long)atomic_fetch_add(&h->next_id, 1));
+  // The formatter copies the stop strings before the request takes them.
+  lks_api_fmt fmt;
+  if (lks_anth_fmt(&h->cx, NULL, tools, g->id, stream, p.stop, p.n_stop, &fmt) < 0) {
+    free(g);
+    free(p.prompt);
+    for (int i = 0; i < p.n_stop; i++) free(p.stop[i]);
+    free(p.stop);
+    return anth_fail(h, c, 500, "out of memory");
+  }
+  int err;
+  lks_req *r = lks_sched_submit(h->sched, &p, &err);
+  free(p.prompt);
+  for (int i = 0; i < p.n_stop; i++) free(p.stop[i]);
+  free(p.stop);
+  if (!r) {
+    fmt.free(fmt.st);
+    free(g);
+    return err == LKS_EFULL ? anth_fail(h, c, 429, "the request queue is full; retry later")
+                            : anth_fail(h, c, 503, "the server is not accepting requests (draining or failed)");
+  }
+  g->req = r;
+  g->fmt = fmt;
+  atomic_fetch_add(&h->stats.requests[LKS_API_MESSAGES], 1);
   atomic_fetch_add(&h->open_responses, 1);
   struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, gen_reader, g, gen_free);
   MHD_add_response_header(resp, "Content-Type", stream ? "text/event-stream" : "application/json");
@@ -544,6 +645,17 @@ static enum MHD_Result metrics(lks_http *h, struct MHD_Connection *c) {
     fprintf(f, "lockstep_http_requests_total{status=\"%s\"} %llu\n", codes[i],
             (unsigned long long)h->by_status[i]);
   pthread_mutex_unlock(&h->mu);
+  fprintf(f, "# HELP lockstep_api_requests_total Generation and count requests accepted, by API\n"
+             "# TYPE lockstep_api_requests_total counter\n");
+  for (int i = 0; i < LKS_API_N; i++)
+    fprintf(f, "lockstep_api_requests_total{api=\"%s\"} %llu\n", lks_api_names[i],
+            (unsigned long long)atomic_load(&h->stats.requests[i]));
+  fprintf(f, "# HELP lockstep_tool_calls_total Tool calls parsed from the model's output\n"
+             "# TYPE lockstep_tool_calls_total counter\nlockstep_tool_calls_total %llu\n"
+             "# HELP lockstep_reasoning_tokens_total Tokens of reasoning (<think>) text in outputs\n"
+             "# TYPE lockstep_reasoning_tokens_total counter\nlockstep_reasoning_tokens_total %llu\n",
+          (unsigned long long)atomic_load(&h->stats.tool_calls),
+          (unsigned long long)atomic_load(&h->stats.reasoning_tokens));
   fprintf(f,
           "# TYPE lockstep_prompt_tokens_total counter\nlockstep_prompt_tokens_total %llu\n"
           "# TYPE lockstep_generated_tokens_total counter\nlockstep_generated_tokens_total %llu\n"
@@ -709,21 +821,35 @@ static enum MHD_Result route(lks_http *h, struct MHD_Connection *c, const char *
   }
   if (get && !strcmp(url, "/metrics")) return metrics(h, c);
   json_t *o = NULL;
+  bool anth = !strcmp(url, "/v1/messages") || !strcmp(url, "/v1/messages/count_tokens");
   if (post && cn->len) {
     json_error_t je;
     o = json_loadb(cn->body, cn->len, JSON_REJECT_DUPLICATES, &je);
+    if (!o && anth) return anth_fail(h, c, 400, "the body is not valid JSON");
     if (!o) return fail(h, c, 400, NULL, "the body is not valid JSON: %s (at byte %d)", je.text, je.position);
     if (!json_is_object(o)) {
       json_decref(o);
-      return fail(h, c, 400, NULL, "the body must be a JSON object");
+      return anth ? anth_fail(h, c, 400, "the body must be a JSON object")
+                  : fail(h, c, 400, NULL, "the body must be a JSON object");
     }
   }
+  // The API key: 'Authorization: Bearer KEY' (OpenAI clients) or 'x-api-key: KEY' (Anthropic's).
+  const char *xkey = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+  bool key_ok = !h->api_key[0] ||
+                token_ok(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"), h->api_key) ||
+                (xkey && strlen(xkey) == strlen(h->api_key) && token_ok_raw(xkey, h->api_key));
   enum MHD_Result rc;
   if (!strncmp(url, "/admin/", 7)) {
     rc = admin(h, c, url, method, o);
-  } else if (!strncmp(url, "/v1/", 4) && h->api_key[0] &&
-             !token_ok(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"), h->api_key)) {
-    rc = fail(h, c, 401, NULL, "a valid API key is required ('Authorization: Bearer <key>')");
+  } else if (!strncmp(url, "/v1/", 4) && !key_ok) {
+    rc = anth ? anth_fail(h, c, 401, "a valid API key is required ('x-api-key: <key>')")
+              : fail(h, c, 401, NULL, "a valid API key is required ('Authorization: Bearer <key>')");
+  } else if (post && anth) {
+    rc = messages(h, c, o, url[12] == '/');
+  } else if (get && !strncmp(url, "/v1/models/", 11)) {
+    rc = strcmp(url + 11, h->model_id) ? fail(h, c, 404, "model", "The model '%s' does not exist", url + 11)
+         : send_json(h, c, 200, json_pack("{s:s, s:s, s:i, s:s, s:i}", "id", h->model_id, "object", "model",
+                                          "created", 0, "owned_by", "lockstep", "max_model_len", h->max_len));
   } else if (get && !strcmp(url, "/v1/models")) {
     rc = send_json(h, c, 200, json_pack("{s:s, s:[{s:s, s:s, s:i, s:s, s:i}]}", "object", "list", "data",
                                         "id", h->model_id, "object", "model", "created", 0, "owned_by",
@@ -812,6 +938,10 @@ lks_http *lks_http_start(const lks_settings *s, lks_sched *sched, lks_world *w,
   h->max_len = (int)lks_settings_int(s, "max-seq-len");
   pthread_mutex_init(&h->mu, NULL);
   snprintf(h->model_id, sizeof h->model_id, "%s", model_id);
+  snprintf(h->fingerprint, sizeof h->fingerprint, "fp_%s", lks_build_id());
+  h->cx = (lks_api_ctx){.tok = tok, .model_id = h->model_id, .max_len = h->max_len,
+                        .no_think = lks_settings_bool(s, "no-think"),
+                        .fingerprint = h->fingerprint, .stats = &h->stats};
   const char *key = lks_settings_str(s, "api-key"), *tokn = lks_settings_str(s, "admin-token"),
              *tokf = lks_settings_str(s, "admin-token-file");
   if (key) snprintf(h->api_key, sizeof h->api_key, "%s", key);

@@ -21,6 +21,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "text/toolcall.h"
 
 static void deadline_in(struct timespec *ts, double s) {
   clock_gettime(CLOCK_REALTIME, ts);
@@ -42,6 +43,7 @@ struct lks_req {
   int32_t *ids;  // the generated token ids, [n_generated]
   bool done, failed, cancelled;
   const char *finish;
+  int stop_hit;  // the stop string that ended it, or -1
   char error[512];
   // Scheduler thread only.
   int slot, n_fed, n_cached;
@@ -309,8 +311,10 @@ lks_req *lks_sched_submit(lks_sched *s, lks_req_params *p, int *err) {
     if (l > r->max_stop) r->max_stop = l;
   }
   r->slot = -1;
+  r->stop_hit = -1;
   r->t_submit = lks_clock();
   r->detok = s->tok ? lks_detok_new(s->tok, true) : NULL;
+  if (r->detok && r->p.keep_markup) lks_detok_keep(r->detok, lks_glm_markup, lks_glm_n_markup);
   pthread_mutex_lock(&s->mu);
   if (s->failed || s->stopping) {
     *err = LKS_EBACKEND;
@@ -357,6 +361,7 @@ void lks_req_read(lks_req *r, double timeout_s, lks_req_news *n) {
   // Done only once everything delivered has been read.
   n->done = r->done && r->read_off == r->delivered;
   n->finish_reason = r->finish;
+  n->stop_index = r->stop_hit;
   n->failed = r->failed;
   snprintf(n->error, sizeof n->error, "%s", r->error);
   pthread_mutex_unlock(&r->mu);
@@ -390,6 +395,7 @@ static void req_text(lks_req *r, int32_t tok) {
       r->text[r->len] = '\0';
       r->done = true;
       r->finish = "stop";
+      r->stop_hit = i;
     }
   }
   if (!r->done && r->n_generated >= r->p.max_tokens) {

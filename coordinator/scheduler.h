@@ -36,6 +36,7 @@ typedef struct lks_req_params {
   char **stop;      // stop strings (owned by the request after submit), n_stop of them
   int n_stop;
   bool ignore_eos;
+  bool keep_markup;  // the text keeps GLM's <think>/<tool_call> markup tokens (for the chat parser)
   // Optional: called on the scheduler's thread for each generated token, in order (eos: the
   // token ends the sequence). For callers that step the scheduler themselves.
   void (*on_token)(void *ctx, int32_t tok, bool eos);
@@ -50,6 +51,7 @@ typedef struct lks_req_news {
   int n_cached;  // prompt tokens the prefix cache gave (not prefilled)
   bool done;
   const char *finish_reason;  // "stop" or "length" once done
+  int stop_index;             // the stop string that ended it (index into lks_req_params.stop), or -1
   bool failed;                // the world failed: the request did not complete
   char error[512];
 } lks_req_news;

@@ -11,6 +11,8 @@
 struct lks_detok {
   const lks_tokenizer *t;
   bool skip_special;
+  int32_t *keep;  // special ids printed anyway (lks_detok_keep), n_keep of them
+  int n_keep;
   lks__utf8_state st;
   lks__buf out;
 };
@@ -30,7 +32,25 @@ lks_detok *lks_detok_new(const lks_tokenizer *t, bool skip_special) {
 void lks_detok_free(lks_detok *d) {
   if (!d) return;
   free(d->out.p);
+  free(d->keep);
   free(d);
+}
+
+int lks_detok_keep(lks_detok *d, const char *const *texts, int n) {
+  int32_t *k = realloc(d->keep, (size_t)(d->n_keep + n + 1) * sizeof *k);
+  if (!k) return lks_set_error(LKS_ENOMEM, "out of memory");
+  d->keep = k;
+  for (int i = 0; i < n; i++) {
+    int id = lks_tokenizer_token_id(d->t, texts[i]);
+    if (id >= 0 && lks_tokenizer_is_special(d->t, id)) d->keep[d->n_keep++] = id;
+  }
+  return 0;
+}
+
+static bool kept(const lks_detok *d, int32_t id) {
+  for (int i = 0; i < d->n_keep; i++)
+    if (d->keep[i] == id) return true;
+  return false;
 }
 
 // Appends the text of one id to d->out.
@@ -39,7 +59,7 @@ static int detok_one(lks_detok *d, int32_t id) {
   if (id < 0 || id >= t->n_ids || !(t->flags[id] & (LKS__F_VOCAB | LKS__F_ADDED)))
     return lks_set_error(LKS_ERANGE, "token id %d is not in the vocabulary of %s", (int)id, t->what);
   uint8_t f = t->flags[id];
-  if ((f & LKS__F_SPECIAL) && d->skip_special) return 0;
+  if ((f & LKS__F_SPECIAL) && d->skip_special && !kept(d, id)) return 0;
   const unsigned char *p = (const unsigned char *)t->arena + t->off[id];
   size_t n = t->len[id];
   if (f & LKS__F_ADDED) {

@@ -77,6 +77,10 @@ lks_detok *lks_detok_new(const lks_tokenizer *t, bool skip_special);
 int lks_detok_push(lks_detok *d, int32_t id, const char **out, size_t *len);
 // Ends the stream: held bytes that never completed a character come out as U+FFFD.
 int lks_detok_flush(lks_detok *d, const char **out, size_t *len);
+// Special tokens whose text is one of texts[0..n) are printed even by a decoder that skips
+// special tokens (a chat response keeps GLM's <think> and <tool_call> markup for its parser).
+// Texts that are not special tokens of this tokenizer are ignored. 0 or LKS_ENOMEM.
+int lks_detok_keep(lks_detok *d, const char *const *texts, int n);
 void lks_detok_free(lks_detok *d);
 
 // Replaces each maximal invalid UTF-8 subpart of `in` with U+FFFD (WHATWG "replacement").

@@ -13,4 +13,5 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 npm ci --no-audit --no-fund --loglevel=error
 echo "$want" > "$stamp"
-echo "npm_ci: installed openai $(node -p "require('./node_modules/openai/package.json').version")"
+echo "npm_ci: installed openai $(node -p "require('./node_modules/openai/package.json').version")," \
+  "@anthropic-ai/sdk $(node -p "require('./node_modules/@anthropic-ai/sdk/package.json').version")"

@@ -1,0 +1,38 @@
+// SPDX-License-Identifier: MIT
+// OpenAI chat completions beyond plain text: tools and tool_choice, tool calls and tool results
+// in the conversation, reasoning, and the response shaped from the model's GLM-format output
+// (text/toolcall.h): message.content, message.reasoning_content (and .reasoning), message.
+// tool_calls with arguments as a JSON string, finish_reason "tool_calls"; streamed as delta.
+// content / delta.reasoning_content / delta.tool_calls chunks.
+#ifndef LKS_API_OPENAI_H
+#define LKS_API_OPENAI_H
+
+#include "coordinator/api.h"
+
+// Reads the conversation of a chat request (body) for the chat template. *messages: a new array
+// (the caller owns it) with assistant tool_calls[].function.arguments given as JSON text parsed
+// into objects and "developer" messages as "system". *tools: body.tools (borrowed) or NULL.
+// *think: the template's enable_thinking (-1 undefined, 0, 1) from chat_template_kwargs or
+// --no-think. *parse_tools: whether tool calls in the output are parsed (tools given and
+// tool_choice not "none"). tool_choice "required" or a named function is refused (400, param
+// tool_choice): the output is not constrained to a call.
+bool lks_oai_chat_prepare(const lks_api_ctx *cx, const json_t *body, json_t **messages,
+                          const json_t **tools, int *think, bool *parse_tools, lks_api_err *e);
+
+// The chat response formatter for request r (borrowed; it must outlive the formatter). tools:
+// the request's tools when tool calls are parsed, else NULL (held by the formatter). stream:
+// SSE chunks, with usage last when include_usage (and "usage": null before). token_ids: add the
+// generated ids to the message (an extension, as vLLM's return_token_ids). 0 or LKS_ENOMEM.
+int lks_oai_chat_fmt(const lks_api_ctx *cx, lks_req *r, const json_t *tools, const char *id,
+                     long created, bool stream, bool include_usage, bool token_ids,
+                     lks_api_fmt *out);
+
+// Refuses (400 naming the field) what both OpenAI endpoints accept in name but lockstep does not
+// do yet, instead of ignoring it: response_format other than text (no constrained decoding),
+// non-zero presence_penalty / frequency_penalty, a non-empty logit_bias, best_of above 1.
+bool lks_oai_check_unsupported(const json_t *body, lks_api_err *e);
+
+// The usage object of a finished request.
+json_t *lks_oai_usage(const lks_req_news *n);
+
+#endif
