@@ -4,7 +4,10 @@
 # the stream ends with an error event (no [DONE]), new requests and /health are refused while
 # the server is still there, and the job exits non-zero.
 # usage: kill_test.sh LOCKSTEP MODEL_DIR PORT
+# Needs the fault-injection hook: a build with -DLKS_TEST_HOOKS=ON (env LKS_TEST_HOOKS=ON, set by
+# ctest); without it the test is skipped (status 77).
 set -u
+[ "${LKS_TEST_HOOKS:-OFF}" = ON ] || { echo "SKIP: this build has no test hooks (-DLKS_TEST_HOOKS=ON)"; exit 77; }
 lockstep=$1 model=$2 port=$3
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 log=$(mktemp) stream=$(mktemp)
