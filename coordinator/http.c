@@ -733,6 +733,15 @@ static enum MHD_Result metrics(lks_http *h, struct MHD_Connection *c) {
              "# TYPE lockstep_rank_up gauge\n");
   bool up = lks_sched_healthy(h->sched);
   for (int r = 0; r < h->w->world; r++) fprintf(f, "lockstep_rank_up{rank=\"%d\"} %d\n", r, up ? 1 : 0);
+  // The process's resident memory (Prometheus' standard name), for leak checks under load.
+  long pages_total = 0, pages_rss = 0;
+  FILE *sm = fopen("/proc/self/statm", "r");
+  if (sm) {
+    if (fscanf(sm, "%ld %ld", &pages_total, &pages_rss) != 2) pages_rss = 0;
+    fclose(sm);
+  }
+  fprintf(f, "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes %ld\n",
+          pages_rss * sysconf(_SC_PAGESIZE));
   fclose(f);
   const struct {
     const char *name, *help;
@@ -835,13 +844,13 @@ static enum MHD_Result admin(lks_http *h, struct MHD_Connection *c, const char *
   return fail(h, c, 404, NULL, "no such endpoint: %s", url);
 }
 
-// The object key whose value ends at byte `pos` of a JSON text, if there is one: names the field
-// of a value the parser refused (an integer beyond 64 bits). NULL when there is none.
+// The object key whose value the parser stopped in at byte `pos` of a JSON text, if there is
+// one: names the field of a value it refused (an integer beyond 64 bits, an invalid escape, NaN).
+// Best effort: NULL when the text before pos is not `"key": value-so-far`.
 static const char *key_before(const char *b, size_t n, size_t pos, char *out, size_t cap) {
   if (pos > n) pos = n;
   size_t i = pos;
-  while (i > 0 && strchr("0123456789+-.eE", b[i - 1])) i--;  // the number itself
-  while (i > 0 && strchr(" \t\r\n", b[i - 1])) i--;
+  while (i > 0 && !strchr(":,{}[]", b[i - 1])) i--;  // back to the value's start
   if (i == 0 || b[i - 1] != ':') return NULL;
   i--;
   while (i > 0 && strchr(" \t\r\n", b[i - 1])) i--;
@@ -1078,6 +1087,16 @@ static int read_token_file(const char *path, char **out) {
   return 0;
 }
 
+// libmicrohttpd's own messages (a client that left mid-request, ...): debug lines of our log.
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+  (void)cls;
+  if (lks__log_level < LKS_LOG_DEBUG) return;
+  char msg[512];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  msg[strcspn(msg, "\n")] = '\0';
+  LKS_LOG(LKS_LOG_DEBUG, "libmicrohttpd: %s", msg);
+}
+
 // The listening socket, made here so that a failure names the address and the reason.
 static int listen_on(const char *bind_addr, long port, int *fd_out) {
   struct sockaddr_in addr = {0};
@@ -1155,6 +1174,7 @@ lks_http *lks_http_start(const lks_settings *s, lks_sched *sched, lks_world *w,
   h->d = MHD_start_daemon(MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG,
                           (uint16_t)port, NULL, NULL, handler, h,
                           MHD_OPTION_LISTEN_SOCKET, (MHD_socket)lfd,
+                          MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,
                           MHD_OPTION_THREAD_POOL_SIZE, threads,
                           MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)lks_settings_float(s, "idle-timeout"),
                           MHD_OPTION_CONNECTION_LIMIT, max_conns,
