@@ -20,6 +20,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <jansson.h>
+#include <malloc.h>
 #include <math.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
@@ -1141,6 +1142,10 @@ static unsigned conn_limit(long want) {
 
 lks_http *lks_http_start(const lks_settings *s, lks_sched *sched, lks_world *w,
                          const lks_tokenizer *tok, const char *model_id) {
+  // Request bodies and responses of up to --max-body bytes come and go on several threads: with
+  // glibc's sliding mmap threshold they would settle in per-thread arenas that never shrink.
+  // A fixed threshold returns them to the system when freed.
+  mallopt(M_MMAP_THRESHOLD, 256 * 1024);
   lks_http *h = calloc(1, sizeof *h);
   if (!h) return NULL;
   int lfd = -1;

@@ -125,7 +125,7 @@ function wellFormed(r, { stream, field } = {}) {
       return `400 for a mutated '${field}' names '${j.error.param}': ${j.error.message.slice(0, 160)}`;
     return null;
   }
-  if (stream && (r.headers?.["content-type"] ?? "").startsWith("text/event-stream")) {
+  if ((r.headers?.["content-type"] ?? "").startsWith("text/event-stream")) {  // a stream, asked for or not
     const lines = r.body.split("\n").filter((l) => l.startsWith("data: "));
     if (lines[lines.length - 1] !== "data: [DONE]") return `a stream without [DONE]: ${r.body.slice(-200)}`;
     for (const l of lines.slice(0, -1)) {
@@ -223,6 +223,18 @@ async function metrics() {
   return m;
 }
 
+// Warm-up: touch every page that use legitimately brings in (every embedding row, every KV
+// position of every slot), so that resident memory measures growth, not first use.
+const model = JSON.parse((await request("GET", "/v1/models")).body || "{}").data?.[0];
+const ctx = model?.max_model_len ?? 512;
+{
+  const span = Math.min(ctx - 13, 1000), vocab = 1 << 20;
+  const jobs = [];
+  for (let start = 0; start < 4096 && start < vocab; start += span)
+    jobs.push(request("POST", "/v1/completions", JSON.stringify({ prompt: Array.from({ length: span }, (_, i) => (start + i) % 4096),
+      max_tokens: ctx - span, temperature: 0, ignore_eos: true })));
+  await Promise.all(jobs);
+}
 const m0 = await metrics();
 const blocks0 = m0.lockstep_kv_blocks_free;
 let rss0 = 0;
