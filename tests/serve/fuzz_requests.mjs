@@ -235,7 +235,12 @@ const ctx = model?.max_model_len ?? 512;
       max_tokens: ctx - span, temperature: 0, ignore_eos: true })));
   await Promise.all(jobs);
 }
-const m0 = await metrics();
+// The idle values: a finished request's slot is freed at the scheduler's next step.
+let m0 = await metrics();
+for (let i = 0; i < 100 && (m0.lockstep_slots_in_use !== 0 || m0.lockstep_queue_depth !== 0); i++) {
+  await sleep(50);
+  m0 = await metrics();
+}
 const blocks0 = m0.lockstep_kv_blocks_free;
 let rss0 = 0;
 const t0 = Date.now(), end = t0 + secs * 1000;
