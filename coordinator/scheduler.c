@@ -45,6 +45,10 @@ struct lks_req {
   const char *finish;
   int stop_hit;  // the stop string that ended it, or -1
   char error[512];
+  // A one-shot waker (lks_req_arm): called once, off r->mu, when news arrives.
+  void (*wake)(void *ctx);
+  void *wake_ctx;
+  bool wake_until_done;
   // Scheduler thread only.
   int slot, n_fed, n_cached;
   int reserve;  // KV blocks held for it while it runs (the most it can need)
@@ -287,6 +291,43 @@ void lks_req_cancel(lks_req *r) {
   pthread_mutex_unlock(&r->mu);
 }
 
+// Whether the armed waker's condition holds (under r->mu).
+static bool has_news(const lks_req *r, bool until_done) {
+  return r->done || r->failed || (!until_done && r->delivered > r->read_off);
+}
+
+bool lks_req_arm(lks_req *r, bool until_done, void (*wake)(void *ctx), void *ctx) {
+  pthread_mutex_lock(&r->mu);
+  bool armed = !has_news(r, until_done);
+  if (armed) {
+    r->wake = wake;
+    r->wake_ctx = ctx;
+    r->wake_until_done = until_done;
+  }
+  pthread_mutex_unlock(&r->mu);
+  return armed;
+}
+
+bool lks_req_disarm(lks_req *r) {
+  pthread_mutex_lock(&r->mu);
+  bool was = r->wake != NULL;
+  r->wake = NULL;
+  pthread_mutex_unlock(&r->mu);
+  return was;
+}
+
+// Takes the armed waker when its condition holds (under r->mu); the caller calls it after
+// unlocking.
+static void (*take_waker(lks_req *r, void **ctx))(void *) {
+  void (*w)(void *) = r->wake;
+  if (!w || !has_news(r, r->wake_until_done)) return NULL;
+  *ctx = r->wake_ctx;
+  r->wake = NULL;
+  return w;
+}
+
+uint64_t lks_req_seed(const lks_req *r) { return r->p.seed; }
+
 bool lks_req_finished(lks_req *r) {
   pthread_mutex_lock(&r->mu);
   bool f = r->done || r->failed;
@@ -438,10 +479,16 @@ static bool req_emit(lks_sched *s, lks_req *r, int32_t tok) {
   // Text that could still be the start of a stop string is held back until it cannot.
   size_t safe = r->done || r->max_stop == 0 ? r->len
                 : r->len > (size_t)r->max_stop - 1 ? r->len - (size_t)(r->max_stop - 1) : 0;
+  // ... and never cut inside a UTF-8 character: a piece must stand on its own as text.
+  while (safe < r->len && safe > r->delivered && ((unsigned char)r->text[safe] & 0xC0) == 0x80)
+    safe--;
   if (safe > r->delivered) r->delivered = safe;
   bool done = r->done || r->cancelled;
   pthread_cond_broadcast(&r->cv);
+  void *wctx = NULL;
+  void (*wake)(void *) = take_waker(r, &wctx);
   pthread_mutex_unlock(&r->mu);
+  if (wake) wake(wctx);
   if (r->p.on_token) r->p.on_token(r->p.on_token_ctx, tok, eos);
   return done;
 }
@@ -453,7 +500,10 @@ static void req_fail(lks_req *r, const char *why) {
   memcpy(r->error, why, n);
   r->error[n] = '\0';
   pthread_cond_broadcast(&r->cv);
+  void *wctx = NULL;
+  void (*wake)(void *) = take_waker(r, &wctx);
   pthread_mutex_unlock(&r->mu);
+  if (wake) wake(wctx);
 }
 
 // ---- the phases of a step ----

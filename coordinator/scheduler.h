@@ -83,10 +83,20 @@ lks_req *lks_sched_submit(lks_sched *s, lks_req_params *p, int *err);
 void lks_req_read(lks_req *r, double timeout_s, lks_req_news *n);
 // A copy of the generated token ids so far (*ids malloc'd; the caller frees); returns how many.
 int lks_req_tokens(lks_req *r, int32_t **ids);
+// The seed the request samples with (fixed at submit).
+uint64_t lks_req_seed(const lks_req *r);
 // Whether the request finished (or failed).
 bool lks_req_finished(lks_req *r);
-// The client is gone: stop generating (the slot is freed at the next step).
+// The client is gone: stop generating (the slot is freed at the next step, or the request leaves
+// the queue at the next step).
 void lks_req_cancel(lks_req *r);
+// For event-driven readers (the HTTP server's suspended connections): arms a one-shot waker
+// that the scheduler's thread calls, outside any lock of the request, when news arrives (any
+// delivered text, completion or failure; until_done: completion or failure only). Returns false,
+// arming nothing, when there is such news already. lks_req_disarm takes the waker back and says
+// whether it was still armed: exactly one of the waker call and a true disarm happens per arm.
+bool lks_req_arm(lks_req *r, bool until_done, void (*wake)(void *ctx), void *ctx);
+bool lks_req_disarm(lks_req *r);
 void lks_req_release(lks_req *r);
 
 // The scheduler loop (rank 0's main thread): runs until lks_sched_stop, or until the world

@@ -37,11 +37,12 @@ stage() {
 }
 
 echo "== release build (gcc)"
-stage release build-release "" -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=gcc
+stage release build-release "" -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=gcc \
+  -DLKS_TEST_HOOKS=ON
 
 echo "== sanitizer build (clang, address + undefined, fuzz)"
 stage sanitizer build-asan "ASAN_OPTIONS=detect_leaks=1" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_C_COMPILER=clang -DLKS_SANITIZE=address,undefined -DLKS_FUZZ=ON
+  -DCMAKE_C_COMPILER=clang -DLKS_SANITIZE=address,undefined -DLKS_FUZZ=ON -DLKS_TEST_HOOKS=ON
 
 overall=PASS
 echo

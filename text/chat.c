@@ -377,11 +377,27 @@ static int render_assistant(buf *b, const json_t *m, size_t index, long last_use
     puts_(b, "\n");
     const json_t *args = json_object_get(tc, "arguments");
     if (!truthy(args)) args = NULL;  // `tc.arguments or {}`
+    // OpenAI's history carries the arguments as a JSON text ("{\"city\": \"Paris\"}"); the
+    // template iterates an object, so the text is parsed first (as vLLM does).
+    json_t *parsed = NULL;
+    if (json_is_string(args)) {
+      parsed = json_loadb(json_string_value(args), json_string_length(args), 0, NULL);
+      if (!json_is_object(parsed)) {
+        json_decref(parsed);
+        return bad("messages[%zu]: tool call arguments must be an object, or a string holding "
+                   "a JSON object", index);
+      }
+      args = parsed;
+    }
     if (args && !json_is_object(args))
-      return bad("messages[%zu]: tool call arguments must be an object (the template calls .items())", index);
+      return bad("messages[%zu]: tool call arguments must be an object, or a string holding a "
+                 "JSON object", index);
     size_t n = 0;
     const char **keys = args ? js_keys(args, &n) : calloc(1, sizeof *keys);
-    if (!keys) return lks_set_error(LKS_ENOMEM, "out of memory");
+    if (!keys) {
+      json_decref(parsed);
+      return lks_set_error(LKS_ENOMEM, "out of memory");
+    }
     for (size_t k = 0; k < n; k++) {
       const json_t *v = json_object_get(args, keys[k]);
       puts_(b, "<arg_key>");
@@ -392,6 +408,7 @@ static int render_assistant(buf *b, const json_t *m, size_t index, long last_use
       puts_(b, "</arg_value>\n");
     }
     free(keys);
+    json_decref(parsed);
     puts_(b, "</tool_call>");
   }
   return 0;

@@ -27,7 +27,12 @@ typedef struct lks_ctl lks_ctl;
 // Rank 0 also starts a heartbeat thread that sends every worker a beat each heartbeat_s on a
 // socket of its own, so that a coordinator busy with local work (tokenizing, sampling, an HTTP
 // request) is not taken for dead; a worker's wait for a command restarts at every beat.
-lks_ctl *lks_ctl_new(lks_comm *comm, double timeout_s, double heartbeat_s);
+// Rank 0 listens on control_host (--control-host; NULL or "": loopback when every rank shares
+// this machine and network namespace, else the address of the host name, else an interface's,
+// the cause logged) and admits only peers presenting the job's secret: 32 bytes from getrandom,
+// sent to the workers through `comm`, checked in ZeroMQ's PLAIN handshake by a ZAP handler.
+// Anything else that connects fails the handshake, never receives a command, and is logged.
+lks_ctl *lks_ctl_new(lks_comm *comm, double timeout_s, double heartbeat_s, const char *control_host);
 void lks_ctl_free(lks_ctl *c);
 
 // Rank 0: stamps version and the next step id into cmd and sends it to every worker. Also

@@ -234,7 +234,7 @@ lks_world *lks_world_start(const lks_settings *s, const char *dir, int max_slots
                              (int)lks_settings_int(s, "kv-block"), &eo);
   if (!w->engine) goto fail;
   if (w->world > 1) {
-    w->ctl = lks_ctl_new(w->comm, timeout, w->heartbeat_s);
+    w->ctl = lks_ctl_new(w->comm, timeout, w->heartbeat_s, lks_settings_str(s, "control-host"));
     if (!w->ctl) goto fail;
     w->comm->poll = lks_ctl_poll;
     w->comm->poll_ctx = w->ctl;

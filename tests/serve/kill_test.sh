@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # A worker killed while a stream is open (the test hook kills rank 1 with SIGKILL at step 30):
-# the stream ends with an error event (no [DONE]), new requests and /health are refused while
+# the stream ends with an error event (no [DONE]), a plain request in flight gets a 500 (not a 200
+# with an error body), new requests and /health are refused while
 # the server is still there, and the job exits non-zero.
 # usage: kill_test.sh LOCKSTEP MODEL_DIR PORT
+# Needs the fault-injection hook: a build with -DLKS_TEST_HOOKS=ON (env LKS_TEST_HOOKS=ON, set by
+# ctest); without it the test is skipped (status 77).
 set -u
+[ "${LKS_TEST_HOOKS:-OFF}" = ON ] || { echo "SKIP: this build has no test hooks (-DLKS_TEST_HOOKS=ON)"; exit 77; }
 lockstep=$1 model=$2 port=$3
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 log=$(mktemp) stream=$(mktemp)
@@ -20,8 +24,18 @@ for _ in $(seq 1 600); do
   sleep 0.1
 done
 t0=$(date +%s%3N)
+# A plain (non-streamed) request in flight too: it must get a 5xx, not a 200 with an error body.
+plain=$(mktemp)
+curl -s --max-time 60 -o "$plain" -w '%{http_code}' "http://127.0.0.1:$port/v1/completions" \
+  -d '{"prompt": [8, 9], "max_tokens": 2000, "ignore_eos": true, "temperature": 0}' > "$plain.code" &
+cpid=$!
 curl -sN --max-time 60 "http://127.0.0.1:$port/v1/completions" \
   -d '{"prompt": [5, 6, 7], "max_tokens": 2000, "ignore_eos": true, "temperature": 0, "stream": true}' > "$stream"
+wait $cpid
+code=$(cat "$plain.code")
+[ "$code" = 500 ] && grep -q '"error"' "$plain" && ok "the plain request in flight got 500 with an error body" \
+  || bad "the plain request in flight got $code: $(head -c 200 "$plain")"
+rm -f "$plain" "$plain.code"
 # Right after the stream ends: the server is either still up and refusing (503), or gone.
 h=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "http://127.0.0.1:$port/health")
 m=$(curl -s --max-time 5 "http://127.0.0.1:$port/metrics")

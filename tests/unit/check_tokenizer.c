@@ -324,11 +324,29 @@ START_TEST(chat_prompt) {
   ck_assert_int_eq(lks_chat_prompt("Be brief.", "Hi", true, &s, &n), 0);
   ck_assert_str_eq(s, "[gMASK]<sop><|system|>\nBe brief.<|user|>\nHi/nothink<|assistant|>\n<think></think>");
   free(s);
-  json_t *msgs = json_loads("[{\"role\": \"assistant\", \"content\": \"x\", \"tool_calls\": "
-                            "[{\"function\": {\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}}]}]", 0, NULL);
+  // OpenAI-style history: arguments as a JSON text render as the object they hold; a text that
+  // holds no object is refused.
+  json_t *msgs = json_loads("[{\"role\": \"user\", \"content\": \"w?\"}, {\"role\": \"assistant\", "
+                            "\"content\": \"\", \"tool_calls\": [{\"id\": \"c1\", \"type\": \"function\", "
+                            "\"function\": {\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}}]}, "
+                            "{\"role\": \"tool\", \"tool_call_id\": \"c1\", \"content\": \"7\"}]", 0, NULL);
+  json_t *as_obj = json_deep_copy(msgs);
+  json_object_set_new(json_object_get(json_array_get(json_object_get(json_array_get(as_obj, 1), "tool_calls"), 0), "function"),
+                      "arguments", json_pack("{s:i}", "a", 1));
+  char *s2;
+  size_t n2;
+  ck_assert_int_eq(lks_chat_render(msgs, NULL, -1, true, &s, &n), 0);
+  ck_assert_int_eq(lks_chat_render(as_obj, NULL, -1, true, &s2, &n2), 0);
+  ck_assert_str_eq(s, s2);
+  ck_assert_ptr_nonnull(strstr(s, "<arg_key>a</arg_key>"));
+  free(s);
+  free(s2);
+  json_object_set_new(json_object_get(json_array_get(json_object_get(json_array_get(msgs, 1), "tool_calls"), 0), "function"),
+                      "arguments", json_string("[1, 2]"));
   ck_assert_int_eq(lks_chat_render(msgs, NULL, -1, false, &s, &n), LKS_EINVAL);
   ck_assert_ptr_nonnull(strstr(lks_last_error(), "arguments must be an object"));
   json_decref(msgs);
+  json_decref(as_obj);
   json_t *notarray = json_object();
   ck_assert_int_eq(lks_chat_render(notarray, NULL, -1, true, &s, &n), LKS_EINVAL);
   json_decref(notarray);
