@@ -65,6 +65,7 @@ struct lks_model {
   lks_buf **bufs;   // every wrapped weight buffer, to free
   int n_bufs, cap_bufs;
   int n_problems;
+  char first_problem[512];  // checks that return errors overwrite lks_last_error() afterwards
   lks_quant_config quant;
   unsigned group_fmts[LKS_N_WG];  // bit f: some weight of the group is in format f
   lks_problem_fn problem;
@@ -87,7 +88,7 @@ static void problem(lks_model *m, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  if (m->n_problems++ == 0) lks_set_error(LKS_EFORMAT, "%s", msg);
+  if (m->n_problems++ == 0) snprintf(m->first_problem, sizeof m->first_problem, "%s", msg);
   if (m->problem) m->problem(m->problem_ctx, msg);
 }
 
@@ -424,10 +425,8 @@ lks_model *lks_model_load_shard(const char *dir, lks_backend *be, lks_comm *comm
   for (int l = 0; l < n_layers; l++)
     if (bind_layer(m, l) < 0) goto fail;
   if (m->n_problems) {
-    char first[512];
-    snprintf(first, sizeof first, "%s", lks_last_error());
     lks_set_error(LKS_EFORMAT, "%s: %d problem%s with the weights (first: %s)", dir, m->n_problems,
-                  m->n_problems > 1 ? "s" : "", first);
+                  m->n_problems > 1 ? "s" : "", m->first_problem);
     goto fail;
   }
   if (m->comm)

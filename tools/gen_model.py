@@ -333,8 +333,8 @@ def quantize(o, w, scheme):
     def scale_used(a):                      # the scale as the file holds it
         a = np.asarray(a, dtype=np.float32)
         if sdt == "BF16":
-            a = np.frombuffer(f32_to_bf16_bytes(a.ravel()), "<u2").astype(np.uint32) << 16
-            a = a.view(np.float32).reshape(np.shape(a))
+            u = np.frombuffer(f32_to_bf16_bytes(a.ravel()), "<u2").astype(np.uint32) << 16
+            a = u.view(np.float32).reshape(a.shape)
         return a.astype(np.float64)
 
     if scheme == "fp8-channel":
