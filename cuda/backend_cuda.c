@@ -328,6 +328,12 @@ static int mm(cuda_backend *c, float *out, int64_t ldo, const float *x, int64_t 
               lks_tensor w, const void *bias, lks_dtype bdt, bool accumulate) {
   int64_t M = w.rows, K = w.cols;
   if (n <= 0 || M <= 0) return 0;
+  if (w.qs != LKS_Q_NONE) {  // weight-only quantized: cuda/quant.cu, every row count
+    LKS_CUDA_TRY(lks__cu_qgemv(c->st, out, ldo, x, ldx, n, dp(w), w.ld, (int)w.qs,
+                               (char *)w.sbuf->d + w.soff, w.sld, w.qglobal, bias, bdt, M, K,
+                               accumulate));
+    return 0;
+  }
   if (n <= LKS__CU_GEMV_ROWS) {
     LKS_CUDA_TRY(lks__cu_gemv(c->st, out, ldo, x, ldx, dp(w), w.dtype, w.ld, bias, bdt, n, M, K,
                               accumulate));
@@ -480,7 +486,8 @@ static int cu_expert(lks_backend *be, lks_tensor out, lks_tensor x, const int32_
     LKS_TRY(up(c, SC_W, weights, (size_t)n * sizeof *weights, &w));
     d_w = w;
   }
-  if (n <= LKS__CU_GEMV_ROWS && gate.dtype == up_w.dtype) {
+  bool plain = gate.qs == LKS_Q_NONE && up_w.qs == LKS_Q_NONE && down_w.qs == LKS_Q_NONE;
+  if (n <= LKS__CU_GEMV_ROWS && gate.dtype == up_w.dtype && plain) {
     // Decode: the gather goes into gate/up, SwiGLU and the weighted scatter-add into down.
     void *gu;
     LKS_TRY(need(c, SC_GUD, (size_t)n * 2 * I * sizeof(float), &gu));
