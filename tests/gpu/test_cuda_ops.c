@@ -77,8 +77,8 @@ static tp act(int64_t rows, int64_t cols, int64_t ld, bool poison) {
   TRY(CPU->ops->from_host(CPU, bc, 0, h, n * 4));
   TRY(GPU->ops->from_host(GPU, bg, 0, h, n * 4));
   free(h);
-  t.c = (lks_tensor){bc, 0, LKS_F32, rows, cols, ld};
-  t.g = (lks_tensor){bg, 0, LKS_F32, rows, cols, ld};
+  t.c = (lks_tensor){.buf = bc, .dtype = LKS_F32, .rows = rows, .cols = cols, .ld = ld};
+  t.g = (lks_tensor){.buf = bg, .dtype = LKS_F32, .rows = rows, .cols = cols, .ld = ld};
   return t;
 }
 
@@ -132,8 +132,8 @@ static tp weight(lks_dtype dt, int64_t rows, int64_t cols, bool shard, float sca
     }
   }
   if (!bc || !bg) TRY(-1);
-  t.c = (lks_tensor){bc, 0, dt, rows, cols, (int64_t)(ldc / es)};
-  t.g = (lks_tensor){bg, 0, dt, rows, cols, (int64_t)(ldg / es)};
+  t.c = (lks_tensor){.buf = bc, .dtype = dt, .rows = rows, .cols = cols, .ld = (int64_t)(ldc / es)};
+  t.g = (lks_tensor){.buf = bg, .dtype = dt, .rows = rows, .cols = cols, .ld = (int64_t)(ldg / es)};
   return t;
 }
 
