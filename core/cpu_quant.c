@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: MIT
 // Quantized-weight kernels of the CPU backend (see cpu_quant.h).
 //
-// FP8 (E4M3 "fn"): a code's bits placed in an f32 (sign to bit 31, exponent and mantissa to bits
-// 26..20) read 2^-120 times the E4M3 value, for normal and subnormal codes alike; one multiply
-// by 2^120 (exact) gives the value. The products with x are summed per 128-column block (or over
-// the whole row for per-row scales) and each block's partial sum is multiplied by its scale:
-// sum_b s_b * (sum_{k in b} e4m3(w_k) x_k). NaN codes (never written by a quantizer) are not
-// detected here.
+// FP8 (E4M3 "fn"): a code's bits placed in an IEEE half (sign to bit 15, exponent and mantissa
+// to bits 13..7) read 2^-8 times the E4M3 value, for normal and subnormal codes alike, and the
+// hardware's half-to-float conversion (F16C) makes it an f32 exactly, without the microcode
+// assists that f32 subnormals would cost. The products with x are summed per 128-column block
+// (or over the whole row for per-row scales) and each block's partial sum is multiplied by its
+// scale times 2^8: sum_b (256 s_b) * (sum_{k in b} 2^-8 e4m3(w_k) x_k). NaN codes (never written
+// by a quantizer) are not detected here.
 // NVFP4: the 16 E2M1 values are a lookup table (one permute on AVX-512; the 8 magnitudes and a
 // sign bit on AVX2); each group's values are multiplied by its E4M3 scale (exact: 2- and 4-bit
 // mantissas) before the FMA with x.
@@ -69,8 +70,8 @@ static const lks__quant_kernels q_scalar = {"scalar", fp8_scalar, nvfp4_scalar};
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-#define AVX2 __attribute__((target("avx2,fma")))
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
 static const float e2m1_lut[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
@@ -78,10 +79,12 @@ static const float e2m1_lut[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0
 
 // ---- AVX2: 8 columns a vector, two accumulators a row, rows in pairs ----
 
+// 8 codes as f32, 2^-8 times their value: sign-extended to 16 bits, shifted into half-precision
+// position, bit 14 (a copy of the sign) cleared, converted.
 AVX2 INLINE __m256 fp8x8_avx2(const uint8_t *p) {
-  __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
-  __m256i bits = _mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32((int)0x87F00000));
-  return _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(0x1p120f));
+  __m128i h = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p));
+  h = _mm_and_si128(_mm_slli_epi16(h, 7), _mm_set1_epi16((short)0xBF80));
+  return _mm256_cvtph_ps(h);
 }
 
 AVX2 static float hsum8(__m256 v) {
@@ -112,7 +115,7 @@ AVX2 INLINE void fp8_avx2_n(const uint8_t *w, const float *bs, int64_t blk,
       for (int t = 0; t < NX; t++) p[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[t] + k), p[t][0]);
       k += 8;
     }
-    __m256 s = _mm256_set1_ps(bs[b]);
+    __m256 s = _mm256_set1_ps(bs[b] * 256.0f);
     for (int t = 0; t < NX; t++) {
       acc[t][0] = _mm256_fmadd_ps(p[t][0], s, acc[t][0]);
       acc[t][1] = _mm256_fmadd_ps(p[t][1], s, acc[t][1]);
@@ -169,9 +172,9 @@ AVX2 static void nvfp4_avx2(const uint8_t *w, const uint8_t *gs, const float *co
 // ---- AVX-512: 16 columns a vector, two accumulators a row, up to four rows ----
 
 AVX512 INLINE __m512 fp8x16_avx512(const uint8_t *p) {
-  __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
-  __m512i bits = _mm512_and_si512(_mm512_slli_epi32(v, 20), _mm512_set1_epi32((int)0x87F00000));
-  return _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(0x1p120f));
+  __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+  h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xBF80));
+  return _mm512_cvtph_ps(h);
 }
 
 AVX512 INLINE void fp8_avx512_n(const uint8_t *w, const float *bs, int64_t blk,
@@ -194,7 +197,7 @@ AVX512 INLINE void fp8_avx512_n(const uint8_t *w, const float *bs, int64_t blk,
       for (int t = 0; t < NX; t++) p[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + k), p[t][0]);
       k += 16;
     }
-    __m512 s = _mm512_set1_ps(bs[b]);
+    __m512 s = _mm512_set1_ps(bs[b] * 256.0f);
     for (int t = 0; t < NX; t++) {
       acc[t][0] = _mm512_fmadd_ps(p[t][0], s, acc[t][0]);
       acc[t][1] = _mm512_fmadd_ps(p[t][1], s, acc[t][1]);
@@ -268,10 +271,12 @@ const lks__quant_kernels *lks__quant_kernels_get(const char *name) {
   if (strcmp(name, "scalar") == 0) return &q_scalar;
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  if (strcmp(name, "avx2") == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+  bool f16c = __builtin_cpu_supports("f16c");
+  if (strcmp(name, "avx2") == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      f16c)
     return &q_avx2;
   if (strcmp(name, "avx512") == 0 && __builtin_cpu_supports("avx512f") &&
-      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") && f16c)
     return &q_avx512;
 #endif
   return NULL;
