@@ -77,6 +77,22 @@ int lks_cmd_inspect(lks_settings *s, const char *dir) {
     printf("bytes read per decoded token: %s of weights (+ %s of KV cache per context position)\n",
            b2, b4);
     if (st.bytes_mtp_step) printf("bytes read per MTP draft step: %s\n", b3);
+    printf("quantization: %s\n  bytes per decoded token by format:", st.quant);
+    for (int f = 0; f < LKS_N_WFMT; f++)
+      if (st.bytes_per_token_fmt[f]) {
+        human((double)st.bytes_per_token_fmt[f], b1, sizeof b1);
+        printf(" %s %s (%.1f%%);", lks_wfmt_names[f], b1,
+               100.0 * (double)st.bytes_per_token_fmt[f] / (double)st.bytes_per_token);
+      }
+    printf("\n  weights by group:");
+    for (int g = 0; g < LKS_N_WG; g++) {
+      if (!st.group_fmts[g]) continue;
+      printf(" %s ", lks_wgroup_names[g]);
+      for (int f = 0, k = 0; f < LKS_N_WFMT; f++)
+        if (st.group_fmts[g] >> f & 1) printf("%s%s", k++ ? "+" : "", lks_wfmt_names[f]);
+      printf(";");
+    }
+    printf("\n");
     int world = (int)lks_settings_int(s, "world");
     if (world > 1) {
       // Each rank's shard, loaded here one after the other for the accounting (no collective

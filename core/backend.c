@@ -17,10 +17,25 @@ lks_tensor lks_tensor_rows(lks_tensor t, int64_t r0, int64_t n) {
   assert(r0 >= 0 && r0 + n <= t.rows);
   t.offset += (size_t)(r0 * t.ld) * lks_dtype_size(t.dtype);
   t.rows = n;
+  switch (t.qs) {
+    case LKS_Q_FP8_ROW:
+      t.soff += (size_t)r0 * sizeof(float);
+      break;
+    case LKS_Q_FP8_BLOCK:
+      assert(r0 % LKS_Q_FP8_BLOCK_SIZE == 0);
+      t.soff += (size_t)(r0 / LKS_Q_FP8_BLOCK_SIZE * t.sld) * sizeof(float);
+      break;
+    case LKS_Q_NVFP4:
+      t.soff += (size_t)(r0 * t.sld);
+      break;
+    default:
+      break;
+  }
   return t;
 }
 
 lks_tensor lks_tensor_cols(lks_tensor t, int64_t c0, int64_t n) {
+  assert(t.qs == LKS_Q_NONE);  // quantized weights are column-sliced when loaded (model/quant.c)
   assert(c0 >= 0 && c0 + n <= t.cols);
   t.offset += (size_t)c0 * lks_dtype_size(t.dtype);
   t.cols = n;
@@ -95,9 +110,55 @@ int lks_weight_check(lks_tensor w, int64_t K) {
   if (w.cols != K)
     return lks_set_error(LKS_ESHAPE, "matmul: weight has %lld columns, input has %lld",
                          (long long)w.cols, (long long)K);
-  if (w.dtype != LKS_F32 && w.dtype != LKS_BF16 && w.dtype != LKS_F16)
-    return lks_set_error(LKS_EUNSUPPORTED, "matmul: weights of type %s", lks_dtype_name(w.dtype));
+  bool ok;
+  switch (w.qs) {
+    case LKS_Q_NONE:
+      ok = w.dtype == LKS_F32 || w.dtype == LKS_BF16 || w.dtype == LKS_F16;
+      break;
+    case LKS_Q_FP8_ROW:
+    case LKS_Q_FP8_BLOCK:
+      ok = w.dtype == LKS_F8_E4M3 && w.sbuf;
+      break;
+    case LKS_Q_NVFP4:
+      ok = w.dtype == LKS_F4_E2M1X2 && w.sbuf && K % LKS_Q_NVFP4_GROUP == 0;
+      break;
+    default:
+      ok = false;
+  }
+  if (!ok)
+    return lks_set_error(LKS_EUNSUPPORTED, "matmul: weights of type %s, scheme %s, %lld columns",
+                         lks_dtype_name(w.dtype), lks_qscheme_name(w.qs, w.dtype), (long long)K);
   return 0;
+}
+
+const char *lks_qscheme_name(lks_qscheme q, lks_dtype dt) {
+  switch (q) {
+    case LKS_Q_NONE:
+      return dt == LKS_F32 ? "f32" : dt == LKS_F16 ? "f16" : dt == LKS_BF16 ? "bf16" : "?";
+    case LKS_Q_FP8_ROW:
+      return "fp8-channel";
+    case LKS_Q_FP8_BLOCK:
+      return "fp8-block";
+    case LKS_Q_NVFP4:
+      return "nvfp4";
+    default:
+      return "?";
+  }
+}
+
+int64_t lks_weight_bytes(lks_tensor t) {
+  if (!t.buf) return 0;
+  int64_t B = LKS_Q_FP8_BLOCK_SIZE;
+  switch (t.qs) {
+    case LKS_Q_FP8_ROW:
+      return t.rows * t.cols + t.rows * 4;
+    case LKS_Q_FP8_BLOCK:
+      return t.rows * t.cols + (t.rows + B - 1) / B * ((t.cols + B - 1) / B) * 4;
+    case LKS_Q_NVFP4:
+      return t.rows * (t.cols / 2) + t.rows * (t.cols / LKS_Q_NVFP4_GROUP);
+    default:
+      return t.rows * t.cols * (int64_t)lks_dtype_size(t.dtype);
+  }
 }
 
 int lks_matmul_check(lks_tensor out, lks_tensor x, lks_tensor w) {

@@ -21,21 +21,43 @@
 typedef struct lks_buf lks_buf;
 typedef struct lks_backend lks_backend;
 
+// How a weight's elements are stored (model/quant.h reads them from checkpoints). Dequantized,
+// element (r, c) is:
+//   LKS_Q_NONE       the F32 / BF16 / F16 value itself
+//   LKS_Q_FP8_ROW    e4m3(code) * scale[r]                      (scales F32 [rows])
+//   LKS_Q_FP8_BLOCK  e4m3(code) * scale[r / 128][c / 128]       (F32 [ceil(rows/128), sld])
+//   LKS_Q_NVFP4      e2m1(code) * e4m3(scale[r][c / 16]) * qglobal   (E4M3 bytes [rows, sld])
+// Row views of FP8_BLOCK weights start on a multiple of 128 rows.
+typedef enum { LKS_Q_NONE, LKS_Q_FP8_ROW, LKS_Q_FP8_BLOCK, LKS_Q_NVFP4, LKS_N_QSCHEMES } lks_qscheme;
+enum { LKS_Q_FP8_BLOCK_SIZE = 128, LKS_Q_NVFP4_GROUP = 16 };
+// "bf16"/"f32"/"f16" for plain weights (by dtype), else "fp8-channel", "fp8-block", "nvfp4".
+const char *lks_qscheme_name(lks_qscheme q, lks_dtype dt);
+
 // A 2-D row-major view into a buffer: element (r, c) is at byte
 // offset + (r * ld + c) * dtype_size. 1-D tensors have rows = 1. `ld` >= cols lets a view select
-// columns (a half of a concatenation, a column shard of a weight).
+// columns (a half of a concatenation, a column shard of a weight). Quantized weights
+// (qs != LKS_Q_NONE) have F8_E4M3 or F4_E2M1X2 codes in `buf` (for the latter, `ld` counts
+// bytes) and their scales in `sbuf` from byte `soff`, `sld` entries a scale row.
 typedef struct lks_tensor {
   lks_buf *buf;
   size_t offset;  // bytes
   lks_dtype dtype;
   int64_t rows, cols, ld;
+  lks_qscheme qs;
+  lks_buf *sbuf;
+  size_t soff;
+  int64_t sld;
+  float qglobal;  // NVFP4: the per-tensor multiplier
 } lks_tensor;
 
 static inline lks_tensor lks_tensor_2d(lks_buf *buf, size_t offset, lks_dtype dt, int64_t rows,
                                        int64_t cols) {
-  lks_tensor t = {buf, offset, dt, rows, cols, cols};
+  lks_tensor t = {buf, offset, dt, rows, cols, cols, LKS_Q_NONE, NULL, 0, 0, 0.0f};
   return t;
 }
+
+// Bytes a weight occupies: its elements, plus its scales when quantized.
+int64_t lks_weight_bytes(lks_tensor t);
 
 // Rows [r0, r0 + n) of t.
 lks_tensor lks_tensor_rows(lks_tensor t, int64_t r0, int64_t n);
@@ -103,7 +125,9 @@ typedef struct lks_backend_ops {
   int (*embed)(lks_backend *be, lks_tensor out, lks_tensor table, const int32_t *ids);
   // out = w * x / sqrt(mean(x^2) + eps) per row; out may be x.
   int (*rmsnorm)(lks_backend *be, lks_tensor out, lks_tensor x, lks_tensor w, float eps);
-  // out (+)= x W^T + bias; x [n, K] f32, w [M, K] (F32/BF16/F16), bias [M] or buf NULL.
+  // out (+)= x W^T + bias; x [n, K] f32, w [M, K] (F32/BF16/F16 or quantized, see lks_qscheme;
+  // a backend without a quantized scheme refuses it with LKS_EUNSUPPORTED), bias [M] or buf NULL.
+  // Row i of out depends only on row i of x: never on how many rows the batch has.
   int (*matmul)(lks_backend *be, lks_tensor out, lks_tensor x, lks_tensor w, lks_tensor bias,
                 bool accumulate);
   // Rotates the first rot_dims of every head_dim-sized head of x [n, heads * head_dim] in place.
@@ -175,7 +199,8 @@ lks_backend *lks_backend_new_on(const char *name, int threads, int device);
 void lks_backend_free(lks_backend *be);
 
 // Shape and type checks every backend's matmul and expert make: a weight of K columns in F32,
-// BF16 or F16; out [x.rows, w.rows]. 0, or LKS_ESHAPE / LKS_EUNSUPPORTED naming the mismatch.
+// BF16 or F16, or quantized (F8_E4M3 / F4_E2M1X2 codes with their scheme); out [x.rows, w.rows].
+// 0, or LKS_ESHAPE / LKS_EUNSUPPORTED naming the mismatch.
 int lks_weight_check(lks_tensor w, int64_t K);
 int lks_matmul_check(lks_tensor out, lks_tensor x, lks_tensor w);
 

@@ -12,6 +12,7 @@
 #include "core/backend.h"
 #include "core/cpu_kernels.h"
 #include "core/cpu_mla.h"
+#include "core/cpu_quant.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/threadpool.h"
@@ -32,6 +33,7 @@ typedef struct cpu_backend {
   lks_pool *pool;
   int n_threads;
   const lks__cpu_kernels *k;
+  const lks__quant_kernels *qk;  // quantized weights (cpu_quant.c)
   scratch *thread_scratch;  // [n_threads], for widened weight rows and attention scores
   scratch work[3];          // owner-thread buffers for the expert op
 } cpu_backend;
@@ -238,6 +240,13 @@ static void mm_task(void *ctx, int task, int thread) {
   int64_t r0 = (int64_t)(task % j->tasks_per_mat) * j->rows_per_task;
   lks_tensor w = j->m[mi].w;
   int64_t r1 = r0 + j->rows_per_task < w.rows ? r0 + j->rows_per_task : w.rows;
+  if (w.qs != LKS_Q_NONE) {
+    lks__qweight q = {w.qs, (const uint8_t *)ptr(w), w.ld,
+                      (const char *)w.sbuf->data + w.soff, w.sld, w.qglobal, w.rows, w.cols};
+    lks__quant_matmul_rows(j->c->qk, &q, r0, r1, j->x, j->ldx, j->n, j->m[mi].bias,
+                           j->m[mi].out, j->m[mi].ldo, j->accumulate);
+    return;
+  }
   size_t es = lks_dtype_size(w.dtype);
   const char *wbase = (const char *)ptr(w);
   float *wide = j->c->thread_scratch[thread].p;
@@ -520,6 +529,7 @@ lks_backend *lks__backend_cpu_new(int threads) {
   c->base.ops = &cpu_ops;
   c->n_threads = threads;
   c->k = lks__cpu_kernels_best();
+  c->qk = lks__quant_kernels_best();
   c->thread_scratch = calloc((size_t)threads, sizeof *c->thread_scratch);
   c->pool = lks_pool_new(threads);
   if (!c->thread_scratch || !c->pool) {

@@ -2,12 +2,16 @@
 // Element type table and F16 conversion (see dtype.h).
 #include "core/dtype.h"
 
+#include <math.h>
+
 static const struct {
   const char *name;
   size_t size;
 } table[LKS_N_DTYPES] = {
     [LKS_F32] = {"F32", 4}, [LKS_F16] = {"F16", 2}, [LKS_BF16] = {"BF16", 2},
     [LKS_I32] = {"I32", 4}, [LKS_I64] = {"I64", 8}, [LKS_U8] = {"U8", 1},
+    [LKS_F8_E4M3] = {"F8_E4M3", 1}, [LKS_F4_E2M1X2] = {"lockstep:E2M1x2", 1},
+    [LKS_I8] = {"I8", 1}, [LKS_F8_E5M2] = {"F8_E5M2", 1},
 };
 
 size_t lks_dtype_size(lks_dtype t) { return t < LKS_N_DTYPES ? table[t].size : 0; }
@@ -47,4 +51,23 @@ float lks_f16_to_f32(uint16_t h) {
   float f;
   memcpy(&f, &u, 4);
   return f;
+}
+
+float lks_e4m3_to_f32(uint8_t b) {
+  int e = (b >> 3) & 0xf, m = b & 7;
+  float v;
+  if (e == 0xf && m == 7) {
+    v = NAN;
+  } else if (e == 0) {
+    v = ldexpf((float)m, -9);  // subnormal: m/8 * 2^-6
+  } else {
+    v = ldexpf((float)(8 + m), e - 10);  // (1 + m/8) * 2^(e-7)
+  }
+  return (b & 0x80) ? -v : v;
+}
+
+float lks_e2m1_to_f32(uint8_t code) {
+  static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  float v = mag[code & 7];
+  return (code & 8) ? -v : v;
 }

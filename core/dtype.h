@@ -8,7 +8,14 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef enum { LKS_F32, LKS_F16, LKS_BF16, LKS_I32, LKS_I64, LKS_U8, LKS_N_DTYPES } lks_dtype;
+// F8_E4M3 is the "fn" variant (no infinities, max 448, NaN 0x7f / 0xff). F4_E2M1X2 is internal (no
+// file carries it by that name): NVFP4 weight codes, two a byte, the low nibble the even element;
+// a tensor of it counts `cols` in elements and `ld` in bytes (lks_dtype_size is 1). I8 and
+// F8_E5M2 are parsed so that a checkpoint holding them is refused by tensor, not by file.
+typedef enum {
+  LKS_F32, LKS_F16, LKS_BF16, LKS_I32, LKS_I64, LKS_U8, LKS_F8_E4M3, LKS_F4_E2M1X2, LKS_I8,
+  LKS_F8_E5M2, LKS_N_DTYPES
+} lks_dtype;
 
 size_t lks_dtype_size(lks_dtype t);
 // Safetensors spelling ("F32", "BF16", ...).
@@ -33,5 +40,10 @@ static inline uint16_t lks_f32_to_bf16(float f) {
 }
 
 float lks_f16_to_f32(uint16_t h);
+
+// E4M3 ("fn") byte to f32: exact (every E4M3 value is an f32). NaN codes (0x7f, 0xff) give NaN.
+float lks_e4m3_to_f32(uint8_t b);
+// E2M1 code (low 4 bits) to f32: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 is the sign.
+float lks_e2m1_to_f32(uint8_t code);
 
 #endif

@@ -313,6 +313,12 @@ static int mm(cuda_backend *c, float *out, int64_t ldo, const float *x, int64_t 
               lks_tensor w, const void *bias, lks_dtype bdt, bool accumulate) {
   int64_t M = w.rows, K = w.cols;
   if (n <= 0 || M <= 0) return 0;
+  if (w.qs != LKS_Q_NONE) {  // weight-only quantized: cuda/quant.cu, every row count
+    LKS_CUDA_TRY(lks__cu_qgemv(c->st, out, ldo, x, ldx, n, dp(w), w.ld, (int)w.qs,
+                               (char *)w.sbuf->d + w.soff, w.sld, w.qglobal, bias, bdt, M, K,
+                               accumulate));
+    return 0;
+  }
   if (n > (int64_t)LKS__CU_GEMV_ROWS * 65535)
     return lks_set_error(LKS_ERANGE, "matmul: %lld rows in one product (at most %d)", (long long)n,
                          LKS__CU_GEMV_ROWS * 65535);
@@ -442,10 +448,12 @@ static int cu_expert(lks_backend *be, lks_tensor out, lks_tensor x, const int32_
   // with the weighted scatter-add in the same launch when the rows fit one group of the kernel
   // (it adds repeated rows in order within a group), else into d and then the ordered
   // scatter-add. Both round exactly alike: a row's result does not depend on n.
+  // Quantized weights go through the generic products (cuda/quant.cu), whatever n.
+  bool plain = gate.qs == LKS_Q_NONE && up_w.qs == LKS_Q_NONE && down_w.qs == LKS_Q_NONE;
   void *gud;
   LKS_TRY(need(c, SC_GUD, (size_t)n * (2 * I + O) * sizeof(float), &gud));
   float *g = gud, *u = g + (size_t)n * I, *d = u + (size_t)n * I;
-  if (gate.dtype == up_w.dtype) {
+  if (gate.dtype == up_w.dtype && plain) {
     LKS_CUDA_TRY(lks__cu_gemv_gate_up(c->st, g, u, I, xin, ldx, d_rows, dp(gate), gate.ld,
                                       dp(up_w), up_w.ld, gate.dtype, n, I, H));
   } else {
@@ -460,7 +468,7 @@ static int cu_expert(lks_backend *be, lks_tensor out, lks_tensor x, const int32_
     LKS_TRY(mm(c, u, I, xin, ldx, n, up_w, NULL, LKS_F32, false));
   }
   LKS_CUDA_TRY(lks__cu_swiglu(c->st, g, u, (int64_t)n * I));
-  if (n <= LKS__CU_GEMV_ROWS) {
+  if (n <= LKS__CU_GEMV_ROWS && plain) {
     LKS_CUDA_TRY(lks__cu_gemv_down_add(c->st, (float *)dp(out), out.ld, d_rows, d_w, g, I,
                                        dp(down_w), down_w.dtype, down_w.ld, n, O, I));
     return 0;

@@ -41,6 +41,12 @@ cudaError_t lks__cu_rmsnorm(cudaStream_t st, float *out, int64_t ldo, const floa
 cudaError_t lks__cu_gemv(cudaStream_t st, float *out, int64_t ldo, const float *x, int64_t ldx,
                          const void *w, int wdt, int64_t ldw, const void *bias, int bdt,
                          int64_t n, int64_t M, int64_t K, int accumulate);
+// Quantized weights (cuda/quant.cu): out[t, m] (+)= sum_k x[t, k] deq(w)[m, k] + bias[m] for
+// any n; qs, scales, sld and global as in lks_tensor (core/backend.h), ld in bytes.
+cudaError_t lks__cu_qgemv(cudaStream_t st, float *out, int64_t ldo, const float *x, int64_t ldx,
+                          int64_t n, const void *codes, int64_t ld, int qs, const void *scales,
+                          int64_t sld, float global, const void *bias, int bdt, int64_t M,
+                          int64_t K, int accumulate);
 // The expert's products (gate and up of one dtype): g[t], u[t] = gate x[rows[t]], up x[rows[t]]
 // (rows NULL: t), both [n, I] with row stride ldo; and, on h = silu(g) * u (lks__cu_swiglu),
 // out[rows[t]] = fma(scale[t], down h[t], out[rows[t]]) (scale NULL: 1), in row order within

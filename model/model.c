@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "model/mla.h"
+#include "model/quant.h"
 #include "model/safetensors.h"
 
 typedef struct {
@@ -67,6 +68,9 @@ struct lks_model {
   lks_buf **bufs;   // every wrapped weight buffer, to free
   int n_bufs, cap_bufs;
   int n_problems;
+  char first_problem[512];  // checks that return errors overwrite lks_last_error() afterwards
+  lks_quant_config quant;
+  unsigned group_fmts[LKS_N_WG];  // bit f: some weight of the group is in format f
   lks_problem_fn problem;
   void *problem_ctx;
   int64_t params_total, params_mtp, weight_bytes;
@@ -87,7 +91,7 @@ static void problem(lks_model *m, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  if (m->n_problems++ == 0) lks_set_error(LKS_EFORMAT, "%s", msg);
+  if (m->n_problems++ == 0) snprintf(m->first_problem, sizeof m->first_problem, "%s", msg);
   if (m->problem) m->problem(m->problem_ctx, msg);
 }
 
@@ -164,9 +168,95 @@ static lks_tensor wrap(lks_model *m, bool mtp, const lks_st_tensor *st, int64_t 
   return t;
 }
 
+int lks_tensor_wfmt(lks_tensor t) {
+  switch (t.qs) {
+    case LKS_Q_FP8_ROW: return LKS_WFMT_FP8_CHANNEL;
+    case LKS_Q_FP8_BLOCK: return LKS_WFMT_FP8_BLOCK;
+    case LKS_Q_NVFP4: return LKS_WFMT_NVFP4;
+    default: return t.dtype == LKS_F32 ? LKS_WFMT_F32 : t.dtype == LKS_F16 ? LKS_WFMT_F16 : LKS_WFMT_BF16;
+  }
+}
+
+const char *const lks_wfmt_names[LKS_N_WFMT] = {"f32", "f16", "bf16", "fp8-channel", "fp8-block",
+                                                 "nvfp4"};
+const char *const lks_wgroup_names[LKS_N_WG] = {"attention", "dense ffn", "router",
+                                                 "routed experts", "shared experts", "lm_head",
+                                                 "mtp layer"};
+
+static int group_of(const char *name, bool mtp) {
+  if (mtp) return LKS_WG_MTP;
+  if (strstr(name, "self_attn.")) return LKS_WG_ATTN;
+  if (strstr(name, "shared_experts.")) return LKS_WG_SHARED;
+  if (strstr(name, "mlp.experts.")) return LKS_WG_EXPERTS;
+  if (strstr(name, "mlp.gate.weight")) return LKS_WG_ROUTER;
+  if (strstr(name, "lm_head")) return LKS_WG_LM_HEAD;
+  return LKS_WG_DENSE;
+}
+
+// Rows [r0, r0 + nr) and columns [c0, c0 + nc) of a quantized weight: the codes mapped like a
+// plain weight's (NVFP4: two a byte), the scales of the slice compacted into a buffer of their own.
+static lks_tensor wrap_q(lks_model *m, bool mtp, const lks_qtensor *q, int64_t rows, int64_t cols,
+                         int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
+  lks_tensor t = {0};
+  if (lks_quant_check_slice(q, rows, cols, r0, nr, c0, nc) < 0) {
+    problem(m, "%s", lks_last_error());
+    return t;
+  }
+  if (m->n_problems) return t;
+  bool fp4 = q->qs == LKS_Q_NVFP4;
+  size_t stride = (size_t)(fp4 ? cols / 2 : cols), row_bytes = (size_t)(fp4 ? nc / 2 : nc);
+  const uint8_t *first = q->w->data + (size_t)r0 * stride + (size_t)(fp4 ? c0 / 2 : c0);
+  size_t ld_bytes = stride;
+  lks_buf *b = nc == cols ? m->be->ops->buf_wrap_host(m->be, first, (size_t)nr * stride)
+                          : m->be->ops->buf_wrap_host_2d(m->be, first, nr, row_bytes, stride, &ld_bytes);
+  void *sc = NULL;
+  size_t sbytes = 0;
+  int64_t sld = 0;
+  lks_buf *sb = NULL;
+  if (b && keep_buf(m, b) && lks_quant_slice_scales(q, rows, cols, r0, nr, c0, nc, &sc, &sbytes, &sld) == 0) {
+    sb = m->be->ops->buf_alloc(m->be, sbytes);
+    if (sb && (!keep_buf(m, sb) || m->be->ops->from_host(m->be, sb, 0, sc, sbytes) < 0)) sb = NULL;
+  }
+  free(sc);
+  if (!sb) {
+    problem(m, "tensor '%s': the backend cannot map it or its scales", q->w->name);
+    return t;
+  }
+  t = lks_tensor_2d(b, 0, fp4 ? LKS_F4_E2M1X2 : LKS_F8_E4M3, nr, nc);
+  t.ld = (int64_t)ld_bytes;
+  t.qs = q->qs;
+  t.sbuf = sb;
+  t.sld = sld;
+  t.qglobal = q->global;
+  m->params_total += nr * nc;
+  if (mtp) m->params_mtp += nr * nc;
+  m->weight_bytes += lks_weight_bytes(t);
+  return t;
+}
+
+// A matrix weight, plain or quantized (model/quant.h): rows [r0, r0 + nr), columns [c0, c0 + nc).
+static lks_tensor bind_w(lks_model *m, bool mtp, const char *name, int64_t rows, int64_t cols,
+                         int64_t r0, int64_t nr, int64_t c0, int64_t nc, bool required) {
+  lks_qtensor q;
+  lks_tensor t = {0};
+  if (lks_quant_find(m->st, &m->quant, name, rows, cols, &q) < 0) {
+    problem(m, "%s", lks_last_error());
+    return t;
+  }
+  if (q.qs == LKS_Q_NONE)
+    t = wrap(m, mtp, lookup(m, name, rows, cols, required), r0, nr, c0, nc);
+  else
+    t = wrap_q(m, mtp, &q, rows, cols, r0, nr, c0, nc);
+  if (t.buf) m->group_fmts[group_of(name, mtp)] |= 1u << lks_tensor_wfmt(t);
+  return t;
+}
+
 // A replicated tensor: all of it.
 static lks_tensor bind(lks_model *m, bool mtp, const char *name, int64_t rows, int64_t cols,
                        bool required) {
+  // The embedding is a table, not a product: it stays F32 / BF16 / F16.
+  if (rows && strcmp(name, "model.embed_tokens.weight") != 0)
+    return bind_w(m, mtp, name, rows, cols, 0, rows, 0, cols, required);
   const lks_st_tensor *st = lookup(m, name, rows, cols, required);
   return wrap(m, mtp, st, 0, rows ? rows : 1, 0, cols);
 }
@@ -174,16 +264,15 @@ static lks_tensor bind(lks_model *m, bool mtp, const char *name, int64_t rows, i
 // A row shard [r0, r0 + nr) of a [rows, cols] tensor, or of the elements of a 1-D one (rows 0).
 static lks_tensor bind_rows(lks_model *m, bool mtp, const char *name, int64_t rows, int64_t cols,
                             int64_t r0, int64_t nr) {
+  if (rows) return bind_w(m, mtp, name, rows, cols, r0, nr, 0, cols, true);
   const lks_st_tensor *st = lookup(m, name, rows, cols, true);
-  if (!rows) return wrap(m, mtp, st, 0, 1, r0, nr);
-  return wrap(m, mtp, st, r0, nr, 0, cols);
+  return wrap(m, mtp, st, 0, 1, r0, nr);
 }
 
 // A column shard [c0, c0 + nc) of a [rows, cols] tensor.
 static lks_tensor bind_cols(lks_model *m, bool mtp, const char *name, int64_t rows, int64_t cols,
                             int64_t c0, int64_t nc) {
-  const lks_st_tensor *st = lookup(m, name, rows, cols, true);
-  return wrap(m, mtp, st, 0, rows, c0, nc);
+  return bind_w(m, mtp, name, rows, cols, 0, rows, c0, nc, true);
 }
 
 // A SwiGLU FFN whose intermediate rows [i0, i0 + ni) of `inter` are this rank's: gate and up by
@@ -338,6 +427,10 @@ lks_model *lks_model_load_shard(const char *dir, lks_backend *be, lks_comm *comm
     goto fail;
   }
   plan_shard(&m->cfg, rank, world, &m->sh);
+  if (lks_quant_config_load(dir, &m->quant) < 0) {
+    if (fn) fn(ctx, lks_last_error());
+    goto fail;
+  }
   if (m->cfg.arch == LKS_ARCH_GLM_MOE_DSA &&
       !(m->mla = lks__mla_new(be, &m->cfg, m->sh.h0, m->sh.n_heads))) {
     if (fn) fn(ctx, lks_last_error());
@@ -358,10 +451,8 @@ lks_model *lks_model_load_shard(const char *dir, lks_backend *be, lks_comm *comm
   for (int l = 0; l < n_layers; l++)
     if (bind_layer(m, l) < 0) goto fail;
   if (m->n_problems) {
-    char first[512];
-    snprintf(first, sizeof first, "%s", lks_last_error());
     lks_set_error(LKS_EFORMAT, "%s: %d problem%s with the weights (first: %s)", dir, m->n_problems,
-                  m->n_problems > 1 ? "s" : "", first);
+                  m->n_problems > 1 ? "s" : "", m->first_problem);
     goto fail;
   }
   if (m->comm)
@@ -703,12 +794,11 @@ int lks_model_logits_host(lks_model *m, lks_tensor logits, float *dst) {
   return 0;
 }
 
-static int64_t tbytes(lks_tensor t) {
-  return t.buf ? t.rows * t.cols * (int64_t)lks_dtype_size(t.dtype) : 0;
-}
+static int64_t tbytes(lks_tensor t) { return lks_weight_bytes(t); }
 static int64_t tnum(lks_tensor t) { return t.buf ? t.rows * t.cols : 0; }
 
-static void layer_cost(const lks_model *m, const layer_w *L, int64_t *bytes, int64_t *params) {
+static void layer_cost(const lks_model *m, const layer_w *L, int64_t *bytes, int64_t *params,
+                       int64_t *by_fmt) {
   lks_tensor fixed[] = {L->ln1, L->ln2, L->wq, L->wk, L->wv, L->bq, L->bk, L->bv, L->wo,
                         L->q_norm, L->k_norm, L->dense.gate, L->dense.up, L->dense.down,
                         L->router, L->e_bias, L->shared.gate, L->shared.up, L->shared.down,
@@ -716,6 +806,7 @@ static void layer_cost(const lks_model *m, const layer_w *L, int64_t *bytes, int
   for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
     *bytes += tbytes(fixed[i]);
     *params += tnum(fixed[i]);
+    if (by_fmt && fixed[i].buf) by_fmt[lks_tensor_wfmt(fixed[i])] += tbytes(fixed[i]);
   }
   lks__mla_cost(L->mla, bytes, params);
   if (L->moe && L->experts) {
@@ -725,6 +816,9 @@ static void layer_cost(const lks_model *m, const layer_w *L, int64_t *bytes, int
     int64_t eb = tbytes(f->gate) + tbytes(f->up) + tbytes(f->down);
     int64_t ep = tnum(f->gate) + tnum(f->up) + tnum(f->down);
     *bytes += eb * m->cfg.top_k * m->sh.n_experts / m->cfg.n_experts;
+    lks_tensor ft[] = {f->gate, f->up, f->down};
+    for (int i = 0; by_fmt && i < 3; i++)
+      by_fmt[lks_tensor_wfmt(ft[i])] += tbytes(ft[i]) * m->cfg.top_k * m->sh.n_experts / m->cfg.n_experts;
     *params += ep * m->cfg.top_k * m->sh.n_experts / m->cfg.n_experts;
   }
 }
@@ -736,14 +830,21 @@ void lks_model_stats_get(const lks_model *m, lks_model_stats *s) {
   s->params_mtp = m->params_mtp;
   s->weight_bytes = m->weight_bytes;
   int64_t b = 0, p = 0;
-  for (int l = 0; l < c->n_layers; l++) layer_cost(m, &m->layers[l], &b, &p);
+  for (int l = 0; l < c->n_layers; l++) layer_cost(m, &m->layers[l], &b, &p, s->bytes_per_token_fmt);
+  lks_tensor top[] = {m->norm, m->lm_head};
+  for (int i = 0; i < 2; i++)
+    if (top[i].buf) s->bytes_per_token_fmt[lks_tensor_wfmt(top[i])] += tbytes(top[i]);
+  if (m->embed.buf)
+    s->bytes_per_token_fmt[lks_tensor_wfmt(m->embed)] += m->embed.cols * (int64_t)lks_dtype_size(m->embed.dtype);
+  memcpy(s->group_fmts, m->group_fmts, sizeof s->group_fmts);
+  snprintf(s->quant, sizeof s->quant, "%s", m->quant.scheme ? m->quant.what : "none");
   // One embedding row is read per token; the whole table counts as active parameters.
   s->bytes_per_token = b + tbytes(m->norm) + tbytes(m->lm_head) +
                        (m->embed.buf ? m->embed.cols * (int64_t)lks_dtype_size(m->embed.dtype) : 0);
   s->params_active = p + tnum(m->norm) + tnum(m->lm_head) + tnum(m->embed);
   if (c->n_mtp) {
     int64_t mb = 0, mp = 0;
-    layer_cost(m, &m->layers[c->n_layers], &mb, &mp);
+    layer_cost(m, &m->layers[c->n_layers], &mb, &mp, NULL);
     s->bytes_mtp_step = mb + tbytes(m->lm_head) + m->embed.cols * (int64_t)lks_dtype_size(m->embed.dtype);
   }
   s->kv_bytes_per_pos = (int64_t)c->n_layers * 2 * m->sh.n_kv * c->head_dim * (int64_t)sizeof(float);

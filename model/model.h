@@ -84,6 +84,16 @@ int lks_model_logits_host(lks_model *m, lks_tensor logits, float *dst);
 // Bytes of weights this rank holds (its share; the whole model at world 1).
 int64_t lks_model_loaded_bytes(const lks_model *m);
 
+// Weight formats and groups of weights, for the accounting below.
+enum { LKS_WFMT_F32, LKS_WFMT_F16, LKS_WFMT_BF16, LKS_WFMT_FP8_CHANNEL, LKS_WFMT_FP8_BLOCK,
+       LKS_WFMT_NVFP4, LKS_N_WFMT };
+enum { LKS_WG_ATTN, LKS_WG_DENSE, LKS_WG_ROUTER, LKS_WG_EXPERTS, LKS_WG_SHARED, LKS_WG_LM_HEAD,
+       LKS_WG_MTP, LKS_N_WG };
+extern const char *const lks_wfmt_names[LKS_N_WFMT];
+extern const char *const lks_wgroup_names[LKS_N_WG];
+// The LKS_WFMT_* of a bound weight.
+int lks_tensor_wfmt(lks_tensor t);
+
 // Per-token accounting of a model (for inspect and bench).
 typedef struct lks_model_stats {
   int64_t params_total;       // every tensor, MTP included
@@ -93,6 +103,9 @@ typedef struct lks_model_stats {
   int64_t bytes_mtp_step;     // weight bytes one MTP draft step reads
   int64_t kv_bytes_per_pos;   // KV cache bytes per position over all target layers (f32)
   int64_t weight_bytes;       // bytes of all weights
+  int64_t bytes_per_token_fmt[LKS_N_WFMT];  // bytes_per_token by weight format
+  unsigned group_fmts[LKS_N_WG];            // per group of weights: bit f set if format f is used
+  char quant[64];                           // the checkpoint's declared quantization, or "none"
 } lks_model_stats;
 void lks_model_stats_get(const lks_model *m, lks_model_stats *s);
 

@@ -16,6 +16,21 @@
 # data_offsets}} plus "__metadata__": {"format": "pt"}, padded with spaces to
 # a multiple of 8, then the tensor data, contiguous, in header order.
 #
+# Quantized checkpoints (--quant): the random weights are made as for BF16 and then quantized
+# the way the published tools do it, in the Hugging Face layouts lockstep loads (model/quant.h):
+#   fp8-channel  compressed-tensors float-quantized, strategy channel: X.weight F8_E4M3,
+#                X.weight_scale F32 [out, 1] = amax(row) / 448
+#   fp8-block    quant_method fp8, weight_block_size [128, 128]: X.weight F8_E4M3,
+#                X.weight_scale_inv F32 [ceil(out/128), ceil(in/128)] = amax(block) / 448
+#   nvfp4        ModelOpt (hf_quant_config.json): X.weight U8 [out, in/2] (E2M1 codes, low
+#                nibble = even column), X.weight_scale F8_E4M3 [out, in/16] = amax(group) / 6 /
+#                weight_scale_2, X.weight_scale_2 F32 = amax(W) / (6 * 448), X.input_scale F32
+#   nvfp4-ct     compressed-tensors nvfp4-pack-quantized: X.weight_packed, X.weight_scale,
+#                X.weight_global_scale = 1 / weight_scale_2 (a divisor), X.input_global_scale
+# Rounding is to nearest, ties to the even code. The router (mlp.gate) and the embedding stay
+# BF16; --quant-skip keeps more groups BF16 (mixed checkpoints). --quant-defect writes one
+# malformed variant for the loader's refusal tests.
+#
 # Usage:  /usr/bin/python3 tools/gen_model.py --out DIR [options]
 #         /usr/bin/python3 tools/gen_model.py --out DIR --preset air-1g
 
@@ -38,8 +53,13 @@ DEFAULTS = dict(
     first_dense=1, experts=8, shared_experts=1, topk=2, moe_inter=64,
     inter=192, scale=2.5, n_group=1, topk_group=1, norm_topk=1, eps=1e-5,
     vocab=512, mtp=1, mtp_extras=0, dtype="bf16", shards=1,
-    max_pos=4096,
+    max_pos=4096, quant="none", quant_skip="lm_head", quant_defect="none", scale_bf16=0,
 )
+
+QUANTS = ("none", "fp8-channel", "fp8-block", "nvfp4", "nvfp4-ct")
+QUANT_GROUPS = ("attn", "dense", "experts", "shared", "eh_proj", "mtp", "lm_head")
+DEFECTS = ("none", "missing-scale", "scale-shape", "scale-dtype", "unknown-method",
+           "group-size", "bad-dtype")
 
 # GLM-4.5-Air proportions (MODEL.md section 2, right column) scaled down so
 # that the BF16 checkpoint is about 1 GB: 96/8 heads -> 16/4, 128 experts of
@@ -107,6 +127,15 @@ def parse_args(argv):
     p.add_argument("--dtype", choices=["bf16", "f32"], default=None,
                    help="weight dtype (bf16); e_score_correction_bias is F32")
     add("--shards", int, "number of safetensors shards (1)")
+    p.add_argument("--quant", choices=QUANTS, default=None,
+                   help="quantize the projections (none): fp8-channel, fp8-block, nvfp4 "
+                        "(ModelOpt), nvfp4-ct (compressed-tensors)")
+    p.add_argument("--quant-skip", default=None,
+                   help="comma-separated groups left BF16 (lm_head): %s, or none"
+                        % ",".join(QUANT_GROUPS))
+    p.add_argument("--quant-defect", choices=DEFECTS, default=None,
+                   help="write one malformed variant (tests of the loader's refusals)")
+    add("--scale-bf16", int, "0|1 (0): FP8 scales in BF16 instead of F32")
     a = p.parse_args(argv)
 
     # Resolve: defaults < preset < explicit options.
@@ -142,6 +171,11 @@ def check_options(o):
     need(o["shared_experts"] >= 0, "--shared-experts must be >= 0")
     need(0 <= o["first_dense"], "--first-dense must be >= 0")
     need(o["vocab"] >= 8, "--vocab must be >= 8 (special ids live at the top)")
+    skip = [g for g in o["quant_skip"].split(",") if g and g != "none"]
+    need(all(g in QUANT_GROUPS for g in skip), "--quant-skip: groups are %s" % ",".join(QUANT_GROUPS))
+    o["quant_skip_set"] = set(skip)
+    need(o["quant"] != "none" or o["quant_defect"] == "none", "--quant-defect needs --quant")
+    need(o["quant"] == "none" or o["dtype"] == "bf16", "--quant needs --dtype bf16")
 
 
 # ---------------------------------------------------------------------------
@@ -220,7 +254,7 @@ def tensor_dtype(o, name):
     return "BF16" if o["dtype"] == "bf16" else "F32"
 
 
-DTYPE_SIZE = {"BF16": 2, "F16": 2, "F32": 4, "I32": 4}
+DTYPE_SIZE = {"BF16": 2, "F16": 2, "F32": 4, "I32": 4, "F8_E4M3": 1, "U8": 1, "I8": 1}
 
 
 def init_values(o, name, shape, kind):
@@ -257,6 +291,179 @@ def tensor_bytes(o, name, shape, kind):
     if tensor_dtype(o, name) == "BF16":
         return f32_to_bf16_bytes(x)
     return x.astype("<f4").tobytes()
+
+
+# ---------------------------------------------------------------------------
+# Quantization (see the header): E4M3 "fn" and E2M1 encoders, round to nearest,
+# ties to the even code, by search in the sorted table of non-negative values.
+# ---------------------------------------------------------------------------
+
+def _e4m3_table():
+    v = []
+    for c in range(127):                    # 0x7f is NaN
+        e, m = c >> 3, c & 7
+        v.append(m / 8.0 * 2.0 ** -6 if e == 0 else (1 + m / 8.0) * 2.0 ** (e - 7))
+    return np.array(v)
+
+
+E4M3 = _e4m3_table()                        # codes 0..126 ascending, max 448
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def encode(x, table):
+    """float array -> (codes without sign, sign bits) by nearest table value,
+    ties to the even code; magnitudes beyond the table saturate."""
+    a = np.minimum(np.abs(x).astype(np.float64), table[-1])
+    hi = np.clip(np.searchsorted(table, a), 1, len(table) - 1)
+    lo = hi - 1
+    dl, dh = a - table[lo], table[hi] - a
+    code = np.where(dl < dh, lo, np.where(dh < dl, hi, np.where(lo % 2 == 0, lo, hi)))
+    return code.astype(np.uint8), (x < 0)
+
+
+def e4m3_bytes(x):
+    c, neg = encode(x, E4M3)
+    return (c | (neg.astype(np.uint8) << 7)).astype(np.uint8)
+
+
+def e4m3_value(b):
+    v = E4M3[np.minimum(b & 0x7f, 126)]
+    return np.where(b & 0x80, -v, v)
+
+
+def quantize(o, w, scheme):
+    """w float32 [out, in] -> dict suffix -> (dtype, shape, bytes)."""
+    out_, in_ = w.shape
+    w = w.astype(np.float64)
+    sdt = "BF16" if o["scale_bf16"] else "F32"
+
+    def scale_bytes(a):
+        a = np.asarray(a, dtype=np.float32)
+        return f32_to_bf16_bytes(a.ravel()) if sdt == "BF16" else a.astype("<f4").tobytes()
+
+    def scale_used(a):                      # the scale as the file holds it
+        a = np.asarray(a, dtype=np.float32)
+        if sdt == "BF16":
+            u = np.frombuffer(f32_to_bf16_bytes(a.ravel()), "<u2").astype(np.uint32) << 16
+            a = u.view(np.float32).reshape(a.shape)
+        return a.astype(np.float64)
+
+    if scheme == "fp8-channel":
+        s = np.abs(w).max(axis=1, keepdims=True) / 448.0
+        s = np.where(s > 0, s, 1.0).astype(np.float32)
+        q = e4m3_bytes(w / scale_used(s))
+        return {"weight": ("F8_E4M3", (out_, in_), q.tobytes()),
+                "weight_scale": (sdt, (out_, 1), scale_bytes(s))}
+    if scheme == "fp8-block":
+        B = 128
+        br, bc = -(-out_ // B), -(-in_ // B)
+        pad = np.zeros((br * B, bc * B))
+        pad[:out_, :in_] = np.abs(w)
+        s = pad.reshape(br, B, bc, B).max(axis=(1, 3)) / 448.0
+        s = np.where(s > 0, s, 1.0).astype(np.float32)
+        full = np.repeat(np.repeat(scale_used(s), B, axis=0), B, axis=1)[:out_, :in_]
+        q = e4m3_bytes(w / full)
+        return {"weight": ("F8_E4M3", (out_, in_), q.tobytes()),
+                "weight_scale_inv": (sdt, (br, bc), scale_bytes(s))}
+    # NVFP4: groups of 16 along the input (a malformed width is padded: the loader refuses it).
+    G = 16
+    ng = -(-in_ // G)
+    pad = np.zeros((out_, ng * G))
+    pad[:, :in_] = w
+    g2 = np.float32(max(np.abs(w).max(), 1e-30) / (6.0 * 448.0))
+    gs = np.abs(pad).reshape(out_, ng, G).max(axis=2) / 6.0 / np.float64(g2)
+    sb = e4m3_bytes(gs)
+    sv = e4m3_value(sb) * np.float64(g2)                # the group's full scale
+    sv_full = np.repeat(np.where(sv > 0, sv, 1.0), G, axis=1)
+    c, neg = encode(pad / sv_full, E2M1)
+    codes = (c | (neg.astype(np.uint8) << 3)).astype(np.uint8)
+    codes = codes[:, :2 * (-(-in_ // 2))]
+    if codes.shape[1] % 2:
+        codes = np.concatenate([codes, np.zeros((out_, 1), np.uint8)], axis=1)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+    one = np.float32(1.0)
+    if scheme == "nvfp4":
+        return {"weight": ("U8", packed.shape, packed.tobytes()),
+                "weight_scale": ("F8_E4M3", sb.shape, sb.tobytes()),
+                "weight_scale_2": ("F32", (), np.array(g2, "<f4").tobytes()),
+                "input_scale": ("F32", (), np.array(one, "<f4").tobytes())}
+    return {"weight_packed": ("U8", packed.shape, packed.tobytes()),
+            "weight_scale": ("F8_E4M3", sb.shape, sb.tobytes()),
+            "weight_global_scale": ("F32", (1,), np.array([1.0 / g2], "<f4").tobytes()),
+            "input_global_scale": ("F32", (1,), np.array([1.0], "<f4").tobytes())}
+
+
+def quant_group(o, name):
+    """The --quant-skip group of a projection weight, or None for tensors that
+    are never quantized (embedding, norms, biases, router)."""
+    if not name.endswith(".weight") or "norm" in name or "embed_tokens" in name:
+        return None
+    if name.endswith("mlp.gate.weight"):
+        return None
+    if name == "lm_head.weight" or "shared_head.head" in name:
+        return "lm_head"
+    if name.startswith("model.layers.%d." % o["layers"]) and o["mtp"]:
+        return "eh_proj" if "eh_proj" in name else "mtp"
+    if "self_attn." in name:
+        return "attn"
+    if "shared_experts." in name:
+        return "shared"
+    if "mlp.experts." in name:
+        return "experts"
+    return "dense"
+
+
+def quant_layout(shape, scheme, sdt):
+    """[(suffix, dtype, shape)] that quantize() returns, without computing it."""
+    out_, in_ = shape
+    if scheme == "fp8-channel":
+        return [("weight", "F8_E4M3", (out_, in_)), ("weight_scale", sdt, (out_, 1))]
+    if scheme == "fp8-block":
+        return [("weight", "F8_E4M3", (out_, in_)),
+                ("weight_scale_inv", sdt, (-(-out_ // 128), -(-in_ // 128)))]
+    packed, sc = (out_, -(-in_ // 2)), (out_, -(-in_ // 16))
+    if scheme == "nvfp4":
+        return [("weight", "U8", packed), ("weight_scale", "F8_E4M3", sc),
+                ("weight_scale_2", "F32", ()), ("input_scale", "F32", ())]
+    return [("weight_packed", "U8", packed), ("weight_scale", "F8_E4M3", sc),
+            ("weight_global_scale", "F32", (1,)), ("input_global_scale", "F32", (1,))]
+
+
+def quant_config(o, ignore):
+    q = o["quant"]
+    if q == "fp8-channel":
+        return {"quant_method": "compressed-tensors", "format": "float-quantized",
+                "quantization_status": "compressed", "kv_cache_scheme": None,
+                "config_groups": {"group_0": {
+                    "targets": ["Linear"],
+                    "weights": {"num_bits": 8, "type": "float", "strategy": "channel",
+                                "symmetric": True, "dynamic": False, "group_size": None,
+                                "block_structure": None, "observer": "minmax"},
+                    "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
+                                          "symmetric": True, "dynamic": True},
+                    "output_activations": None}},
+                "ignore": ignore}
+    if q == "fp8-block":
+        return {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                "weight_block_size": [128, 128]}
+    if q == "nvfp4":
+        return {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+                "kv_cache_quant_algo": None, "exclude_modules": ignore}
+    return {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+            "quantization_status": "compressed", "kv_cache_scheme": None,
+            "config_groups": {"group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group",
+                            "group_size": 16, "symmetric": True, "dynamic": False},
+                "input_activations": {"num_bits": 4, "type": "float",
+                                      "strategy": "tensor_group", "group_size": 16,
+                                      "symmetric": True, "dynamic": "local"}}},
+            "ignore": ignore}
+
+
+def is_quantized(o, name):
+    g = quant_group(o, name)
+    return o["quant"] != "none" and g is not None and g not in o["quant_skip_set"]
 
 
 # ---------------------------------------------------------------------------
@@ -359,9 +566,6 @@ def main(argv):
     t0 = time.time()
     os.makedirs(o["out"], exist_ok=True)
     cfg = make_config(o)
-    with open(os.path.join(o["out"], "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-        f.write("\n")
     gen_cfg = {"_from_model_config": True, "do_sample": False,
                "eos_token_id": cfg["eos_token_id"],
                "pad_token_id": cfg["pad_token_id"],
@@ -372,12 +576,77 @@ def main(argv):
 
     tensors = all_tensors(o)
     items, sizes = [], []
+    cache = {}                              # the last quantized weight: base -> parts
+
+    def qpart(name, shape, kind, base, suffix):
+        if base not in cache:
+            cache.clear()
+            w = init_values(o, name, shape, kind).reshape(shape)
+            # Quantize the BF16 weight (what a BF16 checkpoint would hold).
+            w = np.frombuffer(f32_to_bf16_bytes(w.ravel()), "<u2").astype(np.uint32) << 16
+            cache[base] = quantize(o, w.view(np.float32).reshape(shape), o["quant"])
+        return cache[base][suffix][2]
+
+    defect, ignore = o["quant_defect"], []
+    sdt = "BF16" if o["scale_bf16"] else "F32"
     for name, shape, kind in tensors:
-        dt = tensor_dtype(o, name)
-        # Bind loop variables through default arguments.
-        fn = (lambda name=name, shape=shape, kind=kind: tensor_bytes(o, name, shape, kind))
-        items.append((name, dt, shape, fn))
-        sizes.append(int(np.prod(shape)) * DTYPE_SIZE[dt])
+        if not is_quantized(o, name):
+            if o["quant"] != "none" and quant_group(o, name) is not None or \
+                    name.endswith("mlp.gate.weight"):
+                ignore.append(name[:-len(".weight")])
+            dt = tensor_dtype(o, name)
+            # Bind loop variables through default arguments.
+            fn = (lambda name=name, shape=shape, kind=kind: tensor_bytes(o, name, shape, kind))
+            items.append((name, dt, shape, fn))
+            sizes.append(int(np.prod(shape)) * DTYPE_SIZE[dt])
+            continue
+        base = name[:-len(".weight")]
+        for suffix, dt, qshape in quant_layout(shape, o["quant"], sdt):
+            fn = (lambda name=name, shape=shape, kind=kind, base=base, suffix=suffix:
+                  qpart(name, shape, kind, base, suffix))
+            is_scale = suffix in ("weight_scale", "weight_scale_inv")
+            if defect != "none" and base.endswith("layers.0.self_attn.q_proj"):
+                # The malformed variants (first quantized tensor only).
+                if defect == "missing-scale" and is_scale:
+                    continue
+                if defect == "scale-shape" and is_scale:
+                    n0 = int(np.prod(qshape)) * DTYPE_SIZE[dt]
+                    qshape = (qshape[0] + 1,) + tuple(qshape[1:])
+                    extra = int(np.prod(qshape)) * DTYPE_SIZE[dt] - n0
+                    fn = (lambda fn=fn, extra=extra: fn() + b"\0" * extra)
+                if defect == "scale-dtype" and is_scale:
+                    dt = "U8" if dt == "F8_E4M3" else "I32" if dt == "F32" else "F16"
+                if defect == "bad-dtype" and suffix in ("weight", "weight_packed"):
+                    dt = "I8"
+            items.append(("%s.%s" % (base, suffix), dt, qshape, fn))
+            sizes.append(int(np.prod(qshape)) * DTYPE_SIZE[dt])
+
+    hq = os.path.join(o["out"], "hf_quant_config.json")
+    if os.path.exists(hq):
+        os.remove(hq)
+    if o["quant"] != "none":
+        qc = quant_config(o, ignore)
+        if defect == "unknown-method":
+            qc["quant_method"] = "awq"
+        if defect == "group-size":
+            if "group_size" in qc:
+                qc["group_size"] = 32
+            elif "weight_block_size" in qc:
+                qc["weight_block_size"] = [64, 64]
+            else:
+                for g in qc["config_groups"].values():
+                    g["weights"]["strategy"] = "group"
+                    g["weights"]["group_size"] = 32
+        cfg["quantization_config"] = qc
+        if o["quant"] == "nvfp4":
+            hf = {"producer": {"name": "modelopt", "version": "0.33.0"},
+                  "quantization": {k: v for k, v in qc.items() if k != "quant_method"}}
+            with open(hq, "w") as f:
+                json.dump(hf, f, indent=2)
+                f.write("\n")
+    with open(os.path.join(o["out"], "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
 
     # Remove weights of a previous run with another shard count.
     for fn in os.listdir(o["out"]):
@@ -412,8 +681,9 @@ def main(argv):
     nparams = sum(int(np.prod(s)) for _, s, _ in tensors)
     mtp_prefix = "model.layers.%d." % o["layers"]
     nmtp = sum(int(np.prod(s)) for n, s, _ in tensors if n.startswith(mtp_prefix))
-    print("wrote %s (%s%s, seed %d) in %.1f s" % (
+    print("wrote %s (%s%s%s, seed %d) in %.1f s" % (
         o["out"], o["dtype"], ", preset " + o["preset"] if o["preset"] else "",
+        ", quant " + o["quant"] if o["quant"] != "none" else "",
         o["seed"], time.time() - t0))
     print("parameters: %d (%.3f M), of which MTP layer: %d; %d tensors" % (
         nparams, nparams / 1e6, nmtp, len(tensors)))

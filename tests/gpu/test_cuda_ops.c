@@ -77,8 +77,8 @@ static tp act(int64_t rows, int64_t cols, int64_t ld, bool poison) {
   TRY(CPU->ops->from_host(CPU, bc, 0, h, n * 4));
   TRY(GPU->ops->from_host(GPU, bg, 0, h, n * 4));
   free(h);
-  t.c = (lks_tensor){bc, 0, LKS_F32, rows, cols, ld};
-  t.g = (lks_tensor){bg, 0, LKS_F32, rows, cols, ld};
+  t.c = (lks_tensor){.buf = bc, .dtype = LKS_F32, .rows = rows, .cols = cols, .ld = ld};
+  t.g = (lks_tensor){.buf = bg, .dtype = LKS_F32, .rows = rows, .cols = cols, .ld = ld};
   return t;
 }
 
@@ -132,8 +132,8 @@ static tp weight(lks_dtype dt, int64_t rows, int64_t cols, bool shard, float sca
     }
   }
   if (!bc || !bg) TRY(-1);
-  t.c = (lks_tensor){bc, 0, dt, rows, cols, (int64_t)(ldc / es)};
-  t.g = (lks_tensor){bg, 0, dt, rows, cols, (int64_t)(ldg / es)};
+  t.c = (lks_tensor){.buf = bc, .dtype = dt, .rows = rows, .cols = cols, .ld = (int64_t)(ldc / es)};
+  t.g = (lks_tensor){.buf = bg, .dtype = dt, .rows = rows, .cols = cols, .ld = (int64_t)(ldg / es)};
   return t;
 }
 
@@ -240,6 +240,58 @@ static void t_matmul(void) {
               act_free(x);
               act_free(out);
             }
+}
+
+// Quantized weights (FP8 per row, FP8 128-blocks, NVFP4) against the CPU backend's kernels.
+static void t_qmatmul(void) {
+  lks_qscheme qss[] = {LKS_Q_FP8_ROW, LKS_Q_FP8_BLOCK, LKS_Q_NVFP4};
+  int ns[] = {1, 3, 8, 33};
+  for (int q = 0; q < 3; q++)
+    for (int ni = 0; ni < 4; ni++)
+      for (int acc = 0; acc < 2; acc++) {
+        bool fp4 = qss[q] == LKS_Q_NVFP4;
+        int n = ns[ni], K = fp4 ? 1024 : 200, M = 300;
+        size_t cb = (size_t)M * (fp4 ? K / 2 : K);
+        uint8_t *codes = hold(cb);
+        for (size_t i = 0; i < cb; i++) {
+          codes[i] = (uint8_t)rnd();
+          if (!fp4 && (codes[i] & 0x7f) == 0x7f) codes[i] = 0x3f;  // no NaN codes
+        }
+        int64_t sld = fp4 ? K / 16 : qss[q] == LKS_Q_FP8_BLOCK ? (K + 127) / 128 : 1;
+        size_t sn = fp4 ? (size_t)M * sld : qss[q] == LKS_Q_FP8_BLOCK ? (size_t)((M + 127) / 128) * sld : (size_t)M;
+        size_t sb = fp4 ? sn : sn * 4;
+        void *sc = hold(sb);
+        for (size_t i = 0; i < sn; i++) {
+          if (fp4) {
+            ((uint8_t *)sc)[i] = (uint8_t)(rnd() % 0x7e);
+          } else {
+            ((float *)sc)[i] = 0.001f + 0.01f * fabsf(frand());
+          }
+        }
+        tp w;
+        w.c = lks_tensor_2d(CPU->ops->buf_wrap_host(CPU, codes, cb), 0, fp4 ? LKS_F4_E2M1X2 : LKS_F8_E4M3, M, K);
+        w.g = lks_tensor_2d(GPU->ops->buf_wrap_host(GPU, codes, cb), 0, fp4 ? LKS_F4_E2M1X2 : LKS_F8_E4M3, M, K);
+        lks_tensor *ts[2] = {&w.c, &w.g};
+        lks_backend *bes[2] = {CPU, GPU};
+        for (int b = 0; b < 2; b++) {
+          ts[b]->ld = fp4 ? K / 2 : K;
+          ts[b]->qs = qss[q];
+          ts[b]->sld = sld;
+          ts[b]->qglobal = 0.37f;
+          ts[b]->sbuf = bes[b]->ops->buf_alloc(bes[b], sb);
+          TRY(bes[b]->ops->from_host(bes[b], ts[b]->sbuf, 0, sc, sb));
+        }
+        tp x = act(n, K, K + 3, false);
+        tp out = act(n, M, M + 2, !acc);
+        TRY(CPU->ops->matmul(CPU, out.c, x.c, w.c, none().c, acc));
+        TRY(GPU->ops->matmul(GPU, out.g, x.g, w.g, none().g, acc));
+        char what[128];
+        snprintf(what, sizeof what, "matmul: %s weights, %d rows, K %d%s",
+                 lks_qscheme_name(qss[q], w.c.dtype), n, K, acc ? ", accumulate" : "");
+        check(what, cmp(out), 1e-5);
+        act_free(x);
+        act_free(out);
+      }
 }
 
 static void t_rope(void) {
@@ -724,6 +776,7 @@ int main(int argc, char **argv) {
   t_embed();
   t_rmsnorm();
   t_matmul();
+  t_qmatmul();
   t_rope();
   t_attention();
   t_route();

@@ -17,6 +17,17 @@
 #   mtp_chain_logits  F32 [A, C, V]    chained drafts 1..C at anchors (MTP only)
 #   mtp_chain_pos     I32 [A]          the anchor positions          (MTP only)
 #
+# Quantized checkpoints are dequantized to float64 when loaded (dequantize()),
+# from the published descriptions of the formats: FP8 E4M3 ("fn": 4 exponent
+# bits of bias 7, 3 mantissa bits, no infinities) times a per-row scale
+# (compressed-tensors strategy channel) or a per-128x128-block scale
+# (weight_scale_inv of quant_method fp8, a multiplier; blocks at the edges
+# are cut short); NVFP4 E2M1 codes (sign, 2 exponent bits of bias 1, 1 mantissa
+# bit), two a byte with the first element in the low nibble, times an E4M3
+# scale per 16 elements of a row, times ModelOpt's weight_scale_2, or divided
+# by compressed-tensors' weight_global_scale.  The forward then runs on the
+# dequantized weights exactly as on BF16 ones.
+#
 # Usage:
 #   /usr/bin/python3 tests/reference/glm_ref.py --model DIR --out FILE \
 #       [--prompt-len 64] [--gen 32] [--chain 3] [--seed 1]
@@ -65,10 +76,95 @@ def read_safetensors(path, want=None):
             x = raw.view("<f8").astype(np.float64)
         elif dt == "I32":                                  # our own output files
             x = raw.view("<i4").astype(np.int64)
+        elif dt == "F8_E4M3":
+            x = e4m3_decode(np.asarray(raw, dtype=np.uint8))
+        elif dt == "U8":                                   # packed FP4 codes
+            x = np.asarray(raw, dtype=np.uint8).copy()
         else:
             raise ValueError("%s: tensor %s has unsupported dtype %s" % (path, name, dt))
         out[name] = x.reshape(shape)
     del mm
+    return out
+
+
+def e4m3_decode(b):
+    """uint8 array of E4M3 ("fn") bytes -> float64 values."""
+    b = b.astype(np.int64)
+    sign = np.where(b & 0x80, -1.0, 1.0)
+    e = (b >> 3) & 0xF
+    m = (b & 0x7).astype(np.float64)
+    mag = np.where(e == 0, m / 8.0 * 2.0 ** -6, (1.0 + m / 8.0) * np.exp2(e - 7.0))
+    mag = np.where((e == 15) & (m == 7), np.nan, mag)
+    return sign * mag
+
+
+def e2m1_decode(nib):
+    """4-bit E2M1 codes -> float64: 1 sign bit, 2 exponent bits (bias 1),
+    1 mantissa bit; exponent 0 is subnormal (0 or 0.5)."""
+    nib = nib.astype(np.int64)
+    sign = np.where(nib & 8, -1.0, 1.0)
+    e = (nib >> 1) & 3
+    m = (nib & 1).astype(np.float64)
+    mag = np.where(e == 0, m * 0.5, (1.0 + m / 2.0) * np.exp2(e - 1.0))
+    return sign * mag
+
+
+def unpack_fp4(packed):
+    """[out, in/2] bytes -> [out, in] float64 E2M1 values; low nibble first."""
+    lo, hi = packed & 0xF, packed >> 4
+    out = np.empty((packed.shape[0], packed.shape[1] * 2))
+    out[:, 0::2] = e2m1_decode(lo)
+    out[:, 1::2] = e2m1_decode(hi)
+    return out
+
+
+def expand_blocks(s, shape, bm, bn):
+    """Per-block scales [ceil(out/bm), ceil(in/bn)] -> per-element [out, in]."""
+    return np.repeat(np.repeat(s, bm, axis=0), bn, axis=1)[:shape[0], :shape[1]]
+
+
+def dequantize(W, model_dir, cfg):
+    """Replace every quantized weight of W (and its scale tensors) by its
+    float64 value; leaves BF16/F32 tensors alone."""
+    qc = cfg.get("quantization_config") or {}
+    hq = os.path.join(model_dir, "hf_quant_config.json")
+    if os.path.exists(hq):
+        with open(hq) as f:
+            qc = dict(json.load(f)["quantization"], quant_method="modelopt")
+    method = qc.get("quant_method")
+    block = None
+    if method == "fp8":
+        block = tuple(qc["weight_block_size"])
+    elif method == "compressed-tensors":
+        for g in qc["config_groups"].values():
+            if g["weights"].get("strategy") == "block":
+                block = tuple(g["weights"]["block_structure"])
+    out = {}
+    for name, x in W.items():
+        if name.endswith(".weight_packed"):                 # compressed-tensors NVFP4
+            base = name[:-len(".weight_packed")]
+            v = unpack_fp4(x)
+            s = np.repeat(W[base + ".weight_scale"], 16, axis=1)
+            out[base + ".weight"] = v * s / float(W[base + ".weight_global_scale"].ravel()[0])
+        elif name.endswith(".weight") and x.dtype == np.uint8:   # ModelOpt NVFP4
+            base = name[:-len(".weight")]
+            v = unpack_fp4(x)
+            s = np.repeat(W[base + ".weight_scale"], 16, axis=1)
+            out[name] = v * s * float(W[base + ".weight_scale_2"].ravel()[0])
+        elif name.endswith(".weight") and name + "_scale_inv" in W:   # fp8 blocks
+            out[name] = x * expand_blocks(W[name + "_scale_inv"], x.shape, *block)
+        elif name.endswith(".weight") and name + "_scale" in W and method == "compressed-tensors":
+            s = W[name + "_scale"]
+            if block is not None:
+                out[name] = x * expand_blocks(s, x.shape, *block)
+            else:
+                out[name] = x * s.reshape(-1, 1)               # per channel, or [1]
+        elif any(name.endswith(sfx) for sfx in (
+                ".weight_scale", ".weight_scale_inv", ".weight_scale_2", ".input_scale",
+                ".weight_global_scale", ".input_global_scale")):
+            continue
+        else:
+            out[name] = x
     return out
 
 
@@ -179,7 +275,7 @@ class GlmRef:
         assert self.r % 2 == 0 and self.r <= self.hd
         assert self.nh % self.nkv == 0
 
-        W = weights if weights is not None else load_weights(model_dir)
+        W = weights if weights is not None else dequantize(load_weights(model_dir), model_dir, cfg)
         self.W = W if self.dt == np.float64 else {k: v.astype(self.dt) for k, v in W.items()}
         self.min_route_margin = np.inf        # diagnostics, see route()
         self.has_mtp = self.n_mtp >= 1

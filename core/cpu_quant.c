@@ -1,0 +1,333 @@
+// SPDX-License-Identifier: MIT
+// Quantized-weight kernels of the CPU backend (see cpu_quant.h).
+//
+// FP8 (E4M3 "fn"): a code's bits placed in an IEEE half (sign to bit 15, exponent and mantissa
+// to bits 13..7) read 2^-8 times the E4M3 value, for normal and subnormal codes alike, and the
+// hardware's half-to-float conversion (F16C) makes it an f32 exactly, without the microcode
+// assists that f32 subnormals would cost. The products with x are summed per 128-column block
+// (or over the whole row for per-row scales) and each block's partial sum is multiplied by its
+// scale times 2^8: sum_b (256 s_b) * (sum_{k in b} 2^-8 e4m3(w_k) x_k). NaN codes (never written
+// by a quantizer) are not detected here.
+// NVFP4: the 16 E2M1 values are a lookup table (one permute on AVX-512; the 8 magnitudes and a
+// sign bit on AVX2); each group's values are multiplied by its E4M3 scale (exact: 2- and 4-bit
+// mantissas) before the FMA with x.
+#include "core/cpu_quant.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "core/log.h"
+
+static float e4m3_lut[256];
+static pthread_once_t lut_once = PTHREAD_ONCE_INIT;
+static void lut_init(void) {
+  for (int i = 0; i < 256; i++) e4m3_lut[i] = lks_e4m3_to_f32((uint8_t)i);
+}
+
+// ---- portable ----
+
+// Each row: eight lanes (lane j sums the columns j, j+8, ... of a block), per block, then
+// s_b * block sum into the row total; the tail of a block goes to lane 0.
+static void fp8_scalar(const uint8_t *w, const float *bs, int64_t blk, const float *const *x,
+                       int nx, int64_t K, float *out) {
+  for (int t = 0; t < nx; t++) {
+    float total = 0;
+    const float *xt = x[t];
+    for (int64_t k0 = 0, b = 0; k0 < K; k0 += blk, b++) {
+      int64_t k1 = k0 + blk < K ? k0 + blk : K, k = k0;
+      float acc[8] = {0};
+      for (; k + 8 <= k1; k += 8)
+        for (int j = 0; j < 8; j++) acc[j] += e4m3_lut[w[k + j]] * xt[k + j];
+      for (; k < k1; k++) acc[0] += e4m3_lut[w[k]] * xt[k];
+      float p = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+      total += p * bs[b];
+    }
+    out[t] = total;
+  }
+}
+
+static void nvfp4_scalar(const uint8_t *w, const uint8_t *gs, const float *const *x, int nx,
+                         int64_t K, float *out) {
+  for (int t = 0; t < nx; t++) {
+    float acc[8] = {0};
+    const float *xt = x[t];
+    for (int64_t g = 0; g < K / 16; g++) {
+      float s = e4m3_lut[gs[g]];
+      const uint8_t *p = w + g * 8;
+      for (int j = 0; j < 8; j++) {
+        acc[(2 * j) & 7] += lks_e2m1_to_f32(p[j] & 15) * s * xt[g * 16 + 2 * j];
+        acc[(2 * j + 1) & 7] += lks_e2m1_to_f32(p[j] >> 4) * s * xt[g * 16 + 2 * j + 1];
+      }
+    }
+    out[t] = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  }
+}
+
+static const lks__quant_kernels q_scalar = {"scalar", fp8_scalar, nvfp4_scalar};
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+static const float e2m1_lut[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+// ---- AVX2: 8 columns a vector, two accumulators a row, rows in pairs ----
+
+// 8 codes as f32, 2^-8 times their value: sign-extended to 16 bits, shifted into half-precision
+// position, bit 14 (a copy of the sign) cleared, converted.
+AVX2 INLINE __m256 fp8x8_avx2(const uint8_t *p) {
+  __m128i h = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p));
+  h = _mm_and_si128(_mm_slli_epi16(h, 7), _mm_set1_epi16((short)0xBF80));
+  return _mm256_cvtph_ps(h);
+}
+
+AVX2 static float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+// NX rows (1 or 2) of one weight row.
+AVX2 INLINE void fp8_avx2_n(const uint8_t *w, const float *bs, int64_t blk,
+                            const float *const *x, int64_t K, float *out, const int NX) {
+  __m256 acc[2][2], p[2][2];
+  float tail[2] = {0, 0};
+  for (int t = 0; t < NX; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  for (int64_t k0 = 0, b = 0; k0 < K; k0 += blk, b++) {
+    int64_t k1 = k0 + blk < K ? k0 + blk : K, k = k0;
+    for (int t = 0; t < NX; t++) p[t][0] = p[t][1] = _mm256_setzero_ps();
+    for (; k + 16 <= k1; k += 16) {
+      __m256 w0 = fp8x8_avx2(w + k), w1 = fp8x8_avx2(w + k + 8);
+      for (int t = 0; t < NX; t++) {
+        p[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[t] + k), p[t][0]);
+        p[t][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x[t] + k + 8), p[t][1]);
+      }
+    }
+    if (k + 8 <= k1) {
+      __m256 w0 = fp8x8_avx2(w + k);
+      for (int t = 0; t < NX; t++) p[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[t] + k), p[t][0]);
+      k += 8;
+    }
+    __m256 s = _mm256_set1_ps(bs[b] * 256.0f);
+    for (int t = 0; t < NX; t++) {
+      acc[t][0] = _mm256_fmadd_ps(p[t][0], s, acc[t][0]);
+      acc[t][1] = _mm256_fmadd_ps(p[t][1], s, acc[t][1]);
+      float ts = 0;
+      for (int64_t j = k; j < k1; j++) ts += e4m3_lut[w[j]] * x[t][j];
+      tail[t] += ts * bs[b];
+    }
+  }
+  for (int t = 0; t < NX; t++) out[t] = hsum8(_mm256_add_ps(acc[t][0], acc[t][1])) + tail[t];
+}
+
+AVX2 static void fp8_avx2(const uint8_t *w, const float *bs, int64_t blk, const float *const *x,
+                          int nx, int64_t K, float *out) {
+  int t = 0;
+  for (; t + 2 <= nx; t += 2) fp8_avx2_n(w, bs, blk, x + t, K, out + t, 2);
+  if (t < nx) fp8_avx2_n(w, bs, blk, x + t, K, out + t, 1);
+}
+
+// 8 codes from 4 bytes (low nibble first), times the group scale.
+AVX2 INLINE __m256 fp4x8_avx2(const uint8_t *p, __m256 lut, __m256 s) {
+  int32_t four;
+  memcpy(&four, p, 4);
+  __m128i d = _mm_shuffle_epi8(_mm_cvtsi32_si128(four),
+                               _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1, -1, -1, -1, -1));
+  __m256i v = _mm256_srlv_epi32(_mm256_cvtepu8_epi32(d), _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
+  __m256 mag = _mm256_permutevar8x32_ps(lut, v);
+  __m256i sign = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(8)), 28);
+  return _mm256_mul_ps(_mm256_xor_ps(mag, _mm256_castsi256_ps(sign)), s);
+}
+
+AVX2 INLINE void nvfp4_avx2_n(const uint8_t *w, const uint8_t *gs, const float *const *x,
+                              int64_t K, float *out, const int NX) {
+  __m256 lut = _mm256_loadu_ps(e2m1_lut);
+  __m256 acc[2][2];
+  for (int t = 0; t < NX; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < K / 16; g++) {
+    __m256 s = _mm256_set1_ps(e4m3_lut[gs[g]]);
+    __m256 w0 = fp4x8_avx2(w + g * 8, lut, s), w1 = fp4x8_avx2(w + g * 8 + 4, lut, s);
+    for (int t = 0; t < NX; t++) {
+      acc[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[t] + g * 16), acc[t][0]);
+      acc[t][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x[t] + g * 16 + 8), acc[t][1]);
+    }
+  }
+  for (int t = 0; t < NX; t++) out[t] = hsum8(_mm256_add_ps(acc[t][0], acc[t][1]));
+}
+
+AVX2 static void nvfp4_avx2(const uint8_t *w, const uint8_t *gs, const float *const *x, int nx,
+                            int64_t K, float *out) {
+  int t = 0;
+  for (; t + 2 <= nx; t += 2) nvfp4_avx2_n(w, gs, x + t, K, out + t, 2);
+  if (t < nx) nvfp4_avx2_n(w, gs, x + t, K, out + t, 1);
+}
+
+// ---- AVX-512: 16 columns a vector, two accumulators a row, up to four rows ----
+
+AVX512 INLINE __m512 fp8x16_avx512(const uint8_t *p) {
+  __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+  h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xBF80));
+  return _mm512_cvtph_ps(h);
+}
+
+AVX512 INLINE void fp8_avx512_n(const uint8_t *w, const float *bs, int64_t blk,
+                                const float *const *x, int64_t K, float *out, const int NX) {
+  __m512 acc[4][2], p[4][2];
+  float tail[4] = {0, 0, 0, 0};
+  for (int t = 0; t < NX; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+  for (int64_t k0 = 0, b = 0; k0 < K; k0 += blk, b++) {
+    int64_t k1 = k0 + blk < K ? k0 + blk : K, k = k0;
+    for (int t = 0; t < NX; t++) p[t][0] = p[t][1] = _mm512_setzero_ps();
+    for (; k + 32 <= k1; k += 32) {
+      __m512 w0 = fp8x16_avx512(w + k), w1 = fp8x16_avx512(w + k + 16);
+      for (int t = 0; t < NX; t++) {
+        p[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + k), p[t][0]);
+        p[t][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[t] + k + 16), p[t][1]);
+      }
+    }
+    if (k + 16 <= k1) {
+      __m512 w0 = fp8x16_avx512(w + k);
+      for (int t = 0; t < NX; t++) p[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + k), p[t][0]);
+      k += 16;
+    }
+    __m512 s = _mm512_set1_ps(bs[b] * 256.0f);
+    for (int t = 0; t < NX; t++) {
+      acc[t][0] = _mm512_fmadd_ps(p[t][0], s, acc[t][0]);
+      acc[t][1] = _mm512_fmadd_ps(p[t][1], s, acc[t][1]);
+      float ts = 0;
+      for (int64_t j = k; j < k1; j++) ts += e4m3_lut[w[j]] * x[t][j];
+      tail[t] += ts * bs[b];
+    }
+  }
+  for (int t = 0; t < NX; t++)
+    out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1])) + tail[t];
+}
+
+AVX512 static void fp8_avx512(const uint8_t *w, const float *bs, int64_t blk,
+                              const float *const *x, int nx, int64_t K, float *out) {
+  switch (nx) {
+    case 1: fp8_avx512_n(w, bs, blk, x, K, out, 1); break;
+    case 2: fp8_avx512_n(w, bs, blk, x, K, out, 2); break;
+    case 3: fp8_avx512_n(w, bs, blk, x, K, out, 3); break;
+    default: fp8_avx512_n(w, bs, blk, x, K, out, 4); break;
+  }
+}
+
+// 16 codes from 8 bytes (low nibble first): each byte twice, shifted by 0 and 4; the permute
+// reads the low four bits.
+AVX512 INLINE __m512 fp4x16_avx512(const uint8_t *p, __m512 lut, __m512 s) {
+  __m128i d = _mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)p),
+                               _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7));
+  __m512i v = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(d),
+                                _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4));
+  return _mm512_mul_ps(_mm512_permutexvar_ps(v, lut), s);
+}
+
+AVX512 INLINE void nvfp4_avx512_n(const uint8_t *w, const uint8_t *gs, const float *const *x,
+                                  int64_t K, float *out, const int NX) {
+  __m512 lut = _mm512_loadu_ps(e2m1_lut);
+  __m512 acc[4][2];
+  for (int t = 0; t < NX; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+  int64_t G = K / 16, g = 0;
+  for (; g + 2 <= G; g += 2) {
+    __m512 w0 = fp4x16_avx512(w + g * 8, lut, _mm512_set1_ps(e4m3_lut[gs[g]]));
+    __m512 w1 = fp4x16_avx512(w + g * 8 + 8, lut, _mm512_set1_ps(e4m3_lut[gs[g + 1]]));
+    for (int t = 0; t < NX; t++) {
+      acc[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + g * 16), acc[t][0]);
+      acc[t][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[t] + g * 16 + 16), acc[t][1]);
+    }
+  }
+  if (g < G) {
+    __m512 w0 = fp4x16_avx512(w + g * 8, lut, _mm512_set1_ps(e4m3_lut[gs[g]]));
+    for (int t = 0; t < NX; t++)
+      acc[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + g * 16), acc[t][0]);
+  }
+  for (int t = 0; t < NX; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
+}
+
+AVX512 static void nvfp4_avx512(const uint8_t *w, const uint8_t *gs, const float *const *x, int nx,
+                                int64_t K, float *out) {
+  switch (nx) {
+    case 1: nvfp4_avx512_n(w, gs, x, K, out, 1); break;
+    case 2: nvfp4_avx512_n(w, gs, x, K, out, 2); break;
+    case 3: nvfp4_avx512_n(w, gs, x, K, out, 3); break;
+    default: nvfp4_avx512_n(w, gs, x, K, out, 4); break;
+  }
+}
+
+static const lks__quant_kernels q_avx2 = {"avx2", fp8_avx2, nvfp4_avx2};
+static const lks__quant_kernels q_avx512 = {"avx512", fp8_avx512, nvfp4_avx512};
+#endif
+
+const lks__quant_kernels *lks__quant_kernels_get(const char *name) {
+  pthread_once(&lut_once, lut_init);
+  if (strcmp(name, "scalar") == 0) return &q_scalar;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  bool f16c = __builtin_cpu_supports("f16c");
+  if (strcmp(name, "avx2") == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      f16c)
+    return &q_avx2;
+  if (strcmp(name, "avx512") == 0 && __builtin_cpu_supports("avx512f") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") && f16c)
+    return &q_avx512;
+#endif
+  return NULL;
+}
+
+const lks__quant_kernels *lks__quant_kernels_best(void) {
+  const char *forced = getenv("LKS_SIMD");
+  if (forced && *forced) {
+    const lks__quant_kernels *k = lks__quant_kernels_get(forced);
+    if (k) return k;
+    LKS_LOG(LKS_LOG_WARN, "LKS_SIMD=%s: no such quantized kernels on this CPU; choosing the best",
+            forced);
+  }
+  static const char *order[] = {"avx512", "avx2", "scalar"};
+  for (int i = 0; i < 3; i++) {
+    const lks__quant_kernels *k = lks__quant_kernels_get(order[i]);
+    if (k) return k;
+  }
+  return &q_scalar;
+}
+
+void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, int64_t r0,
+                            int64_t r1, const float *x, int64_t ldx, int64_t n, const float *bias,
+                            float *out, int64_t ldo, bool accumulate) {
+  const int64_t K = w->cols, B = LKS_Q_FP8_BLOCK_SIZE;
+  for (int64_t r = r0; r < r1; r++) {
+    const uint8_t *codes = w->codes + r * w->ld;
+    float b = bias ? bias[r] : 0.0f;
+    for (int64_t t0 = 0; t0 < n; t0 += LKS__QROWS) {
+      int nx = n - t0 < LKS__QROWS ? (int)(n - t0) : LKS__QROWS;
+      const float *xs[LKS__QROWS];
+      float d[LKS__QROWS];
+      for (int i = 0; i < nx; i++) xs[i] = x + (t0 + i) * ldx;
+      switch (w->qs) {
+        case LKS_Q_FP8_ROW:
+          k->fp8(codes, (const float *)w->scales + r, K, xs, nx, K, d);
+          break;
+        case LKS_Q_FP8_BLOCK:
+          k->fp8(codes, (const float *)w->scales + (r / B) * w->sld, B, xs, nx, K, d);
+          break;
+        case LKS_Q_NVFP4:
+          k->nvfp4(codes, (const uint8_t *)w->scales + r * w->sld, xs, nx, K, d);
+          for (int i = 0; i < nx; i++) d[i] *= w->global;
+          break;
+        default:
+          for (int i = 0; i < nx; i++) d[i] = 0;  // unreachable: lks_weight_check refused it
+      }
+      for (int i = 0; i < nx; i++) {
+        float *o = out + (t0 + i) * ldo + r;
+        *o = accumulate ? *o + d[i] + b : d[i] + b;
+      }
+    }
+  }
+}

@@ -1,0 +1,57 @@
+// SPDX-License-Identifier: MIT
+// The CPU backend's kernels for quantized weights (lks_qscheme in backend.h): products of FP8
+// (E4M3, per-row or 128x128-block scales) and NVFP4 (E2M1 codes, an E4M3 scale per 16 columns, a
+// per-tensor multiplier) weight rows with f32 activation rows. The codes are read as they are
+// stored and dequantized in registers inside the dot; activations stay f32. As for cpu_kernels.h,
+// each exists as a portable version and, on x86-64, AVX2 and AVX-512 versions chosen at run time
+// (LKS_SIMD forces one). Internal to core/.
+//
+// Batch invariance: a kernel takes up to LKS__QROWS activation rows and dequantizes each weight
+// chunk once for all of them, but every row's arithmetic (which products, which accumulator, the
+// order of the reductions) is the same whatever the number of rows, so a row's result never
+// depends on the batch it was computed in.
+#ifndef LKS_CPU_QUANT_H
+#define LKS_CPU_QUANT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/backend.h"
+
+enum { LKS__QROWS = 4 };
+
+// out[t] = sum_k deq(w[k]) * x[t][k], t < nx <= LKS__QROWS, K columns.
+// fp8: deq = e4m3(w[k]) * bscale[k / blk] (blk: 128 for blocks, K for one scale per row).
+// nvfp4: deq = e2m1(code k) * e4m3(gscale[k / 16]); the per-tensor multiplier is the caller's.
+typedef void (*lks__qdot_fp8_fn)(const uint8_t *w, const float *bscale, int64_t blk,
+                                 const float *const *x, int nx, int64_t K, float *out);
+typedef void (*lks__qdot_nvfp4_fn)(const uint8_t *w, const uint8_t *gscale, const float *const *x,
+                                   int nx, int64_t K, float *out);
+
+typedef struct lks__quant_kernels {
+  const char *name;  // "scalar", "avx2", "avx512"
+  lks__qdot_fp8_fn fp8;
+  lks__qdot_nvfp4_fn nvfp4;
+} lks__quant_kernels;
+
+const lks__quant_kernels *lks__quant_kernels_get(const char *name);
+const lks__quant_kernels *lks__quant_kernels_best(void);
+
+// A quantized weight as raw host pointers (the CPU backend's view of an lks_tensor).
+typedef struct lks__qweight {
+  lks_qscheme qs;
+  const uint8_t *codes;  // row r at codes + r * ld (bytes)
+  int64_t ld;
+  const void *scales;    // see lks_qscheme; scale row stride sld entries
+  int64_t sld;
+  float global;
+  int64_t rows, cols;
+} lks__qweight;
+
+// Output rows [r0, r1) of out (+)= x W^T + bias for n activation rows (x row stride ldx, out row
+// stride ldo; bias [rows] or NULL). Called from the thread pool, one range per task.
+void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, int64_t r0,
+                            int64_t r1, const float *x, int64_t ldx, int64_t n, const float *bias,
+                            float *out, int64_t ldo, bool accumulate);
+
+#endif

@@ -1,0 +1,295 @@
+// SPDX-License-Identifier: MIT
+// Quantized weights (model/quant.h, core/cpu_quant.h):
+// - the loader's refusals, one malformed variant each (tools/gen_model.py --quant-defect and
+//   shapes that cannot be packed): a missing scale, a scale of the wrong shape or dtype, an odd
+//   number of columns for NVFP4, columns not a multiple of 16, an unknown quant_method, a group
+//   size other than 16, a weight dtype of no known scheme; and the accepted variants (BF16 FP8
+//   scales, mixed BF16/quantized layers);
+// - the kernels of every SIMD level against a double-precision dot of the dequantized values
+//   (decoded here from the format definitions), relative to sum |w x|;
+// - batch invariance through the CPU backend's matmul: each row of a batch of n rows equals,
+//   bit for bit, the same row computed alone, for every scheme, SIMD level and n.
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "core/cpu_quant.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "model/model.h"
+#include "model/quant.h"
+#include "testutil.h"
+
+// ---- the loader ----
+
+// Generates a model with `args` and loads it: NULL expected when `want` is set, with an error
+// containing it.
+static void load_expect(const char *args, const char *want) {
+  char *dir = tu_tmpdir();
+  ck_assert_msg(tu_gen_model(dir, args) == 0, "gen_model.py %s failed", args);
+  lks_backend *be = lks_backend_new("cpu", 1);
+  lks_model *m = lks_model_load(dir, be, NULL, NULL);
+  if (want) {
+    ck_assert_msg(!m, "%s: loaded, expected a refusal containing \"%s\"", args, want);
+    ck_assert_msg(strstr(lks_last_error(), want), "%s: error \"%s\" lacks \"%s\"", args,
+                  lks_last_error(), want);
+  } else {
+    ck_assert_msg(m, "%s: %s", args, lks_last_error());
+  }
+  lks_model_free(m);
+  lks_backend_free(be);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  ck_assert(system(cmd) == 0);
+  free(dir);
+}
+
+static const struct {
+  const char *args, *want;
+} cases[] = {
+    {"--quant fp8-channel --quant-defect missing-scale",
+     "'model.layers.0.self_attn.q_proj.weight_scale' is missing"},
+    {"--quant fp8-block --quant-defect missing-scale",
+     "'model.layers.0.self_attn.q_proj.weight_scale_inv' is missing"},
+    {"--quant nvfp4 --quant-defect missing-scale",
+     "'model.layers.0.self_attn.q_proj.weight_scale' is missing"},
+    {"--quant fp8-channel --quant-defect scale-shape",
+     "q_proj.weight_scale' (compressed-tensors fp8 channel) has shape [129, 1], expected [128, 1]"},
+    {"--quant fp8-block --quant-defect scale-shape",
+     "q_proj.weight_scale_inv' (fp8 128x128 blocks) has shape [2, 1], expected [1, 1]"},
+    {"--quant nvfp4-ct --quant-defect scale-shape",
+     "q_proj.weight_scale' (compressed-tensors nvfp4) has shape [129, 8], expected [128, 8]"},
+    {"--quant fp8-channel --quant-defect scale-dtype", "has dtype I32, expected F32 or BF16"},
+    {"--quant nvfp4 --quant-defect scale-dtype", "has dtype U8, expected F8_E4M3"},
+    {"--quant nvfp4 --hidden 129", "q_proj.weight' (modelopt nvfp4): 129 columns is odd"},
+    {"--quant nvfp4-ct --hidden 136", "136 columns is not a multiple of the group size 16"},
+    {"--quant fp8-channel --quant-defect unknown-method", "unknown quant_method 'awq'"},
+    {"--quant nvfp4 --quant-defect group-size", "group_size 32: only groups of 16 are NVFP4"},
+    {"--quant nvfp4-ct --quant-defect group-size", "group_size 32: only groups of 16"},
+    {"--quant fp8-block --quant-defect group-size", "weight_block_size other than [128, 128]"},
+    {"--quant fp8-channel --quant-defect bad-dtype",
+     "'model.layers.0.self_attn.q_proj.weight' has dtype I8: not a weight type nor a supported"},
+    {"--quant fp8-channel --scale-bf16 1", NULL},
+    {"--quant fp8-block --quant-skip attn,mtp,lm_head --shards 2", NULL},
+    {"--quant nvfp4 --quant-skip experts", NULL},
+};
+
+START_TEST(test_loader) { load_expect(cases[_i].args, cases[_i].want); }
+END_TEST
+
+START_TEST(test_config_refusals) {
+  lks_quant_config q;
+  const char *bad[][2] = {
+      {"{\"quantization_config\": {\"quant_method\": \"gptq\"}}", "unknown quant_method 'gptq'"},
+      {"{\"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": "
+       "\"pack-quantized\", \"config_groups\": {\"g\": {\"weights\": {\"num_bits\": 4}}}}}",
+       "format 'pack-quantized' is not supported"},
+      {"{\"quantization_config\": {\"quant_method\": \"fp8\"}}", "without weight_block_size"},
+      {"{\"quantization_config\": {\"quant_method\": \"modelopt\", \"quant_algo\": \"FP8\"}}",
+       "quant_algo 'FP8' is not supported"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ck_assert_int_lt(lks_quant_config_parse(bad[i][0], NULL, "config.json", &q), 0);
+    ck_assert_msg(strstr(lks_last_error(), bad[i][1]), "%s", lks_last_error());
+  }
+  ck_assert_int_eq(lks_quant_config_parse("{}", NULL, "config.json", &q), 0);
+  ck_assert_int_eq(q.scheme, LKS_Q_NONE);
+  ck_assert_int_eq(lks_quant_config_parse("{}",
+                                          "{\"quantization\": {\"quant_algo\": \"NVFP4\", "
+                                          "\"group_size\": 16}}",
+                                          "config.json", &q),
+                   0);
+  ck_assert_int_eq(q.scheme, LKS_Q_NVFP4);
+  ck_assert(!q.ct);
+}
+END_TEST
+
+// ---- kernels ----
+
+// The format definitions, decoded independently of core/dtype.c.
+static double e4m3(uint8_t b) {
+  int e = (b >> 3) & 15, m = b & 7;
+  double v = e ? (1 + m / 8.0) * pow(2, e - 7) : m / 8.0 * pow(2, -6);
+  return b & 0x80 ? -v : v;
+}
+static double e2m1(int c) {
+  static const double mag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  return c & 8 ? -mag[c & 7] : mag[c & 7];
+}
+static uint8_t rand_e4m3(uint64_t *s) {
+  uint8_t b;
+  do b = (uint8_t)tu_rand(s);
+  while ((b & 0x7f) == 0x7f);  // no NaN codes
+  return b;
+}
+
+static const char *levels[] = {"scalar", "avx2", "avx512"};
+
+START_TEST(test_kernels) {
+  uint64_t rs = 12345;
+  const int64_t Ks[] = {16, 128, 192, 1024, 200, 2 * 1408 + 8};
+  for (int lv = 0; lv < 3; lv++) {
+    const lks__quant_kernels *k = lks__quant_kernels_get(levels[lv]);
+    if (!k) continue;
+    for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+      int64_t K = Ks[ki];
+      uint8_t *w = malloc((size_t)K), *gs = malloc((size_t)K / 16 + 1);
+      float *x[LKS__QROWS], bs[32], out[LKS__QROWS];
+      for (int t = 0; t < LKS__QROWS; t++) {
+        x[t] = malloc((size_t)K * sizeof(float));
+        for (int64_t i = 0; i < K; i++) x[t][i] = tu_randf(&rs) * 3;
+      }
+      for (int64_t i = 0; i < K; i++) w[i] = rand_e4m3(&rs);
+      for (int b = 0; b < 32; b++) bs[b] = (float)(0.001 + 0.01 * fabs(tu_randf(&rs)));
+      for (int64_t g = 0; g < K / 16; g++) gs[g] = (uint8_t)(rand_e4m3(&rs) & 0x7f);
+      for (int blk = 0; blk < 2; blk++) {  // per-row scale, then 128-blocks
+        int64_t B = blk ? 128 : K;
+        for (int nx = 1; nx <= LKS__QROWS; nx++) {
+          k->fp8(w, bs, B, (const float *const *)x, nx, K, out);
+          for (int t = 0; t < nx; t++) {
+            double ref = 0, mag = 0;
+            for (int64_t i = 0; i < K; i++) {
+              double v = e4m3(w[i]) * bs[i / B] * x[t][i];
+              ref += v;
+              mag += fabs(v);
+            }
+            ck_assert_msg(fabs(out[t] - ref) <= 1e-5 * mag, "%s fp8 K=%lld blk=%lld: %g vs %g",
+                          levels[lv], (long long)K, (long long)B, out[t], ref);
+          }
+        }
+      }
+      if (K % 16 == 0)
+        for (int nx = 1; nx <= LKS__QROWS; nx++) {
+          k->nvfp4(w, gs, (const float *const *)x, nx, K, out);
+          for (int t = 0; t < nx; t++) {
+            double ref = 0, mag = 0;
+            for (int64_t i = 0; i < K; i++) {
+              int c = i % 2 ? w[i / 2] >> 4 : w[i / 2] & 15;
+              double v = e2m1(c) * e4m3(gs[i / 16]) * x[t][i];
+              ref += v;
+              mag += fabs(v);
+            }
+            ck_assert_msg(fabs(out[t] - ref) <= 1e-5 * mag, "%s nvfp4 K=%lld: %g vs %g",
+                          levels[lv], (long long)K, out[t], ref);
+          }
+        }
+      for (int t = 0; t < LKS__QROWS; t++) free(x[t]);
+      free(w);
+      free(gs);
+    }
+  }
+}
+END_TEST
+
+// A random quantized weight [M, K] of scheme qs on backend `be`.
+static lks_tensor make_q(lks_backend *be, lks_qscheme qs, int64_t M, int64_t K, uint64_t *rs,
+                         void **keep) {
+  bool fp4 = qs == LKS_Q_NVFP4;
+  size_t cb = (size_t)(M * (fp4 ? K / 2 : K));
+  uint8_t *codes = malloc(cb);
+  for (size_t i = 0; i < cb; i++) codes[i] = fp4 ? (uint8_t)tu_rand(rs) : rand_e4m3(rs);
+  *keep = codes;
+  lks_tensor t = lks_tensor_2d(be->ops->buf_wrap_host(be, codes, cb), 0,
+                               fp4 ? LKS_F4_E2M1X2 : LKS_F8_E4M3, M, K);
+  t.ld = fp4 ? K / 2 : K;
+  t.qs = qs;
+  size_t sb;
+  void *sc;
+  if (qs == LKS_Q_FP8_ROW || qs == LKS_Q_FP8_BLOCK) {
+    int64_t n = qs == LKS_Q_FP8_ROW ? M : ((M + 127) / 128) * ((K + 127) / 128);
+    float *f = sc = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) f[i] = (float)(0.001 + 0.01 * fabs(tu_randf(rs)));
+    sb = (size_t)n * 4;
+    t.sld = qs == LKS_Q_FP8_ROW ? 1 : (K + 127) / 128;
+  } else {
+    uint8_t *u = sc = malloc((size_t)(M * K / 16));
+    for (int64_t i = 0; i < M * K / 16; i++) u[i] = (uint8_t)(rand_e4m3(rs) & 0x7f);
+    sb = (size_t)(M * K / 16);
+    t.sld = K / 16;
+    t.qglobal = 0.37f;
+  }
+  t.sbuf = be->ops->buf_alloc(be, sb);
+  ck_assert_int_eq(be->ops->from_host(be, t.sbuf, 0, sc, sb), 0);
+  free(sc);
+  return t;
+}
+
+START_TEST(test_batch_invariance) {
+  const lks_qscheme schemes[] = {LKS_Q_FP8_ROW, LKS_Q_FP8_BLOCK, LKS_Q_NVFP4};
+  const int ns[] = {2, 3, 4, 5, 7, 8, 13, 33};
+  for (int lv = 0; lv < 3; lv++) {
+    if (!lks__quant_kernels_get(levels[lv])) continue;
+    setenv("LKS_SIMD", levels[lv], 1);
+    lks_backend *be = lks_backend_new("cpu", 2);
+    for (int si = 0; si < 3; si++) {
+      uint64_t rs = 99 + (uint64_t)si;
+      int64_t M = 300, K = schemes[si] == LKS_Q_NVFP4 ? 704 : 1000;
+      void *keep;
+      lks_tensor w = make_q(be, schemes[si], M, K, &rs, &keep);
+      int N = 33;
+      float *xh = malloc((size_t)(N * K) * 4);
+      for (int64_t i = 0; i < N * K; i++) xh[i] = tu_randf(&rs);
+      lks_buf *xb = be->ops->buf_alloc(be, (size_t)(N * K) * 4);
+      lks_buf *ob = be->ops->buf_alloc(be, (size_t)(N * M) * 4);
+      be->ops->from_host(be, xb, 0, xh, (size_t)(N * K) * 4);
+      float *alone = malloc((size_t)(N * M) * 4), *batch = malloc((size_t)(N * M) * 4);
+      lks_tensor none = {0};
+      for (int r = 0; r < N; r++) {  // every row alone
+        lks_tensor x = lks_tensor_rows(lks_tensor_2d(xb, 0, LKS_F32, N, K), r, 1);
+        lks_tensor o = lks_tensor_2d(ob, 0, LKS_F32, 1, M);
+        ck_assert_int_eq(be->ops->matmul(be, o, x, w, none, false), 0);
+        be->ops->to_host(be, alone + r * M, ob, 0, (size_t)M * 4);
+      }
+      for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+        int n = ns[ni];
+        lks_tensor x = lks_tensor_2d(xb, 0, LKS_F32, n, K), o = lks_tensor_2d(ob, 0, LKS_F32, n, M);
+        ck_assert_int_eq(be->ops->matmul(be, o, x, w, none, false), 0);
+        be->ops->to_host(be, batch, ob, 0, (size_t)(n * M) * 4);
+        ck_assert_msg(memcmp(batch, alone, (size_t)(n * M) * 4) == 0,
+                      "%s, %s: a batch of %d rows differs from its rows alone", levels[lv],
+                      lks_qscheme_name(schemes[si], w.dtype), n);
+      }
+      // A row view of an FP8-block weight (a 128-aligned shard) equals those rows of the whole.
+      lks_tensor part = lks_tensor_rows(w, 128, 128);
+      lks_tensor x = lks_tensor_2d(xb, 0, LKS_F32, 3, K), o = lks_tensor_2d(ob, 0, LKS_F32, 3, 128);
+      ck_assert_int_eq(be->ops->matmul(be, o, x, part, none, false), 0);
+      be->ops->to_host(be, batch, ob, 0, 3 * 128 * 4);
+      for (int t = 0; t < 3; t++)
+        ck_assert(memcmp(batch + t * 128, alone + t * M + 128, 128 * 4) == 0);
+      free(xh);
+      free(alone);
+      free(batch);
+      free(keep);
+      be->ops->buf_free(be, xb);
+      be->ops->buf_free(be, ob);
+      be->ops->buf_free(be, w.buf);
+      be->ops->buf_free(be, w.sbuf);
+    }
+    lks_backend_free(be);
+  }
+  unsetenv("LKS_SIMD");
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("quant");
+  TCase *tc = tcase_create("loader");
+  tcase_set_timeout(tc, 120);
+  tcase_add_loop_test(tc, test_loader, 0, (int)(sizeof cases / sizeof cases[0]));
+  tcase_add_test(tc, test_config_refusals);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("kernels");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_kernels);
+  tcase_add_test(tc, test_batch_invariance);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}
