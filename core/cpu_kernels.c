@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: MIT
 // Dot-product kernels of the CPU backend (see cpu_kernels.h). Decode is bound by memory
 // bandwidth, so the BF16 kernels widen weights to f32 in registers (a shift) and use f32 FMAs:
-// the arithmetic is exactly that of the F32 path, with half the bytes read.
+// the arithmetic is exactly that of the F32 path, with half the bytes read. Within a level the
+// BF16 and F32 kernels sum in the same order, element for element, because the backend computes
+// a BF16 row either directly or widened to f32 depending on the batch; any difference would make
+// a row's result depend on the other rows of its batch.
 #include "core/cpu_kernels.h"
 
 #include <stdlib.h>
@@ -83,12 +86,6 @@ __attribute__((target("avx512f"))) static float dot_bf16_avx512(const uint16_t *
                          a0);
     a1 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w1, 16)),
                          _mm512_loadu_ps(x + i + 16), a1);
-  }
-  if (i + 16 <= n) {
-    __m512i w0 = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(w + i)));
-    a0 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w0, 16)), _mm512_loadu_ps(x + i),
-                         a0);
-    i += 16;
   }
   float s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
   for (; i < n; i++) s += lks_bf16_to_f32(w[i]) * x[i];
