@@ -303,6 +303,44 @@ START_TEST(test_dot_kernels) {
   }
   ck_assert_int_ge(tested, 1);
   ck_assert_ptr_null(lks__cpu_kernels_get("sse9"));
+}
+END_TEST
+
+// The blocked kernels give, element for element, the bits of the single dot product, for block
+// shapes that end mid-block in both directions and for strided rows.
+START_TEST(test_mm_kernels_match_dot) {
+  static const char *levels[] = {"scalar", "avx2", "avx512"};
+  static const int64_t ms[] = {1, 3, 4, 8, 13}, ns[] = {1, 2, 3, 4, 5, 9};
+  static const int64_t ks[] = {1, 15, 16, 17, 48, 100};
+  uint64_t rng = 4321;
+  const int64_t ld = 110;
+  float *wf = randv(&rng, (size_t)(13 * ld), 1.0f), *x = randv(&rng, (size_t)(9 * ld), 1.0f);
+  uint16_t *wb = encode(LKS_BF16, wf, (size_t)(13 * ld), NULL);
+  float *out = TNEW(float, 9 * 20);
+  for (int l = 0; l < 3; l++) {
+    const lks__cpu_kernels *k = lks__cpu_kernels_get(levels[l]);
+    if (!k) continue;
+    for (int mi = 0; mi < 5; mi++)
+      for (int ni = 0; ni < 6; ni++)
+        for (int ki = 0; ki < 6; ki++) {
+          int64_t m = ms[mi], n = ns[ni], K = ks[ki];
+          for (int bf = 0; bf < 2; bf++) {
+            if (bf)
+              k->mm_bf16(wb, ld, m, x, ld, n, K, out, 20);
+            else
+              k->mm_f32(wf, ld, m, x, ld, n, K, out, 20);
+            for (int64_t t = 0; t < n; t++)
+              for (int64_t r = 0; r < m; r++) {
+                float d = bf ? k->dot_bf16(wb + r * ld, x + t * ld, K)
+                             : k->dot_f32(wf + r * ld, x + t * ld, K);
+                ck_assert_msg(memcmp(&d, &out[t * 20 + r], 4) == 0,
+                              "%s mm_%s m=%lld n=%lld K=%lld: (%lld, %lld) %.9g, dot %.9g",
+                              k->name, bf ? "bf16" : "f32", (long long)m, (long long)n,
+                              (long long)K, (long long)t, (long long)r, out[t * 20 + r], d);
+              }
+          }
+        }
+  }
   ck_assert_ptr_nonnull(lks__cpu_kernels_best());
 }
 END_TEST
@@ -1148,6 +1186,45 @@ START_TEST(test_batch_invariance_expert) {
 }
 END_TEST
 
+// The experts op (a MoE layer's experts at once) against the expert op called once per expert
+// in order: bitwise, with routed experts on scattered rows and a shared expert on all of them.
+START_TEST(test_experts_match_expert_calls) {
+  lks_backend *b = bi_backend(_i);
+  if (!b) return;
+  const int64_t H = 80, R = 33;
+  static const int64_t inter[] = {48, 100, 24};
+  for (int d = 0; d < 3; d++) {
+    lks_dtype dt = mm_dtypes[d];
+    uint64_t rng = 6500 + (uint64_t)d;
+    lks_expert_call calls[4];
+    for (int e = 0; e < 4; e++) {
+      int64_t I = inter[e % 3];
+      calls[e].gate = upload(b, dt, I, H,
+                             encode(dt, randv(&rng, (size_t)(I * H), 0.5f), (size_t)(I * H), NULL));
+      calls[e].up = upload(b, dt, I, H,
+                           encode(dt, randv(&rng, (size_t)(I * H), 0.5f), (size_t)(I * H), NULL));
+      calls[e].down = upload(b, dt, H, I,
+                             encode(dt, randv(&rng, (size_t)(H * I), 0.5f), (size_t)(H * I), NULL));
+      int n = e == 3 ? (int)R : 1 + e * 9;
+      int32_t *rows = TNEW(int32_t, n);
+      for (int i = 0; i < n; i++) rows[i] = (int32_t)((i * 7 + e) % R);
+      calls[e].rows = e == 3 ? NULL : rows;
+      calls[e].weights = e == 3 ? NULL : randv(&rng, (size_t)n, 1.5f);
+      calls[e].n = n;
+    }
+    float *xh = randv(&rng, (size_t)(R * H), 2.0f), *oh = randv(&rng, (size_t)(R * H), 1.0f);
+    lks_tensor x = upload(b, LKS_F32, R, H, xh);
+    lks_tensor o = upload(b, LKS_F32, R, H, oh), os = upload(b, LKS_F32, R, H, oh);
+    ck_assert_int_eq(lks_backend_experts(b, o, x, calls, 4), 0);
+    for (int e = 0; e < 4; e++)
+      ck_assert_int_eq(b->ops->expert(b, os, x, calls[e].rows, calls[e].weights, calls[e].n,
+                                      calls[e].gate, calls[e].up, calls[e].down),
+                       0);
+    bi_compare(download(b, o), download(b, os), NULL, (int)R, H, "experts vs expert calls", _i, H);
+  }
+}
+END_TEST
+
 // Norms, rope, routing, arg-max, embedding, gathers and attention, batch against alone.
 START_TEST(test_batch_invariance_rowwise) {
   lks_backend *b = bi_backend(_i);
@@ -1355,6 +1432,7 @@ static Suite *backend_suite(void) {
 
   tc = tcase("kernels", 60);
   tcase_add_test(tc, test_dot_kernels);
+  tcase_add_test(tc, test_mm_kernels_match_dot);
   suite_add_tcase(s, tc);
 
   tc = tcase("matmul", 60);
@@ -1390,6 +1468,7 @@ static Suite *backend_suite(void) {
   tc = tcase("batch_invariance", 240);
   tcase_add_loop_test(tc, test_batch_invariance_matmul, 0, 3);
   tcase_add_loop_test(tc, test_batch_invariance_expert, 0, 3);
+  tcase_add_loop_test(tc, test_experts_match_expert_calls, 0, 3);
   tcase_add_loop_test(tc, test_batch_invariance_rowwise, 0, 3);
   suite_add_tcase(s, tc);
   return s;
