@@ -318,35 +318,47 @@ typedef struct {
   float scale;
 } attn_job;
 
+// One task: one row and one KV head, for all query heads of its group (GQA reads each KV
+// head once). Scores come block by block of the cache from the blocked kernel (each score the
+// level's one dot order, so a row's result does not depend on its batch); softmax and the
+// weighted sum of V follow per query head.
 static void attn_task(void *ctx, int task, int thread) {
   attn_job *j = ctx;
   const lks_kv_layer *kv = j->kv;
-  int row = task / j->n_heads, h = task % j->n_heads;
-  int hd = kv->head_dim, kvh = h / (j->n_heads / kv->n_kv_heads);
+  int group = j->n_heads / kv->n_kv_heads;
+  int row = task / kv->n_kv_heads, kvh = task % kv->n_kv_heads;
+  int hd = kv->head_dim, bs = kv->block_size;
   int64_t kv_ld = (int64_t)kv->n_kv_heads * hd;
-  const float *q = row_f32(j->q, row) + h * hd;
-  float *o = row_f32(j->out, row) + h * hd;
+  const float *q = row_f32(j->q, row) + (int64_t)kvh * group * hd;
+  float *o = row_f32(j->out, row) + (int64_t)kvh * group * hd;
   const float *K = kv->k->data, *V = kv->v->data;
   const int32_t *bt = j->rows->block_table + (size_t)j->rows->seq[row] * j->rows->max_blocks;
   int n_pos = j->rows->pos[row] + 1;
-  float *s = j->c->thread_scratch[thread].p;
-  float mx = -INFINITY;
-  for (int p = 0; p < n_pos; p++) {
-    int64_t slot = (int64_t)bt[p / kv->block_size] * kv->block_size + p % kv->block_size;
-    s[p] = j->c->k->dot_f32(K + slot * kv_ld + kvh * hd, q, hd) * j->scale;
-    if (s[p] > mx) mx = s[p];
+  float *s = j->c->thread_scratch[thread].p;  // [group, n_pos]
+  for (int p0 = 0; p0 < n_pos; p0 += bs) {
+    int np = n_pos - p0 < bs ? n_pos - p0 : bs;
+    const float *kb = K + (int64_t)bt[p0 / bs] * bs * kv_ld + kvh * hd;
+    j->c->k->mm_f32(kb, kv_ld, np, q, hd, group, hd, s + p0, n_pos);
   }
-  float sum = 0;
-  for (int p = 0; p < n_pos; p++) {
-    s[p] = expf(s[p] - mx);
-    sum += s[p];
-  }
-  for (int d = 0; d < hd; d++) o[d] = 0;
-  for (int p = 0; p < n_pos; p++) {
-    int64_t slot = (int64_t)bt[p / kv->block_size] * kv->block_size + p % kv->block_size;
-    const float *v = V + slot * kv_ld + kvh * hd;
-    float w = s[p] / sum;
-    for (int d = 0; d < hd; d++) o[d] += w * v[d];
+  for (int g = 0; g < group; g++) {
+    float *sg = s + (int64_t)g * n_pos, *og = o + (int64_t)g * hd;
+    float mx = -INFINITY;
+    for (int p = 0; p < n_pos; p++) {
+      sg[p] *= j->scale;
+      if (sg[p] > mx) mx = sg[p];
+    }
+    float sum = 0;
+    for (int p = 0; p < n_pos; p++) {
+      sg[p] = expf(sg[p] - mx);
+      sum += sg[p];
+    }
+    for (int d = 0; d < hd; d++) og[d] = 0;
+    for (int p = 0; p < n_pos; p++) {
+      int64_t slot = (int64_t)bt[p / bs] * bs + p % bs;
+      const float *v = V + slot * kv_ld + kvh * hd;
+      float w = sg[p] / sum;
+      for (int d = 0; d < hd; d++) og[d] += w * v[d];
+    }
   }
 }
 
@@ -369,9 +381,9 @@ static int cpu_attention(lks_backend *be, lks_tensor out, lks_tensor q, const lk
   int max_pos = 0;
   for (int i = 0; i < rows->n; i++)
     if (rows->pos[i] > max_pos) max_pos = rows->pos[i];
-  LKS_TRY(grow_thread_scratch(c, (size_t)max_pos + 1));
+  LKS_TRY(grow_thread_scratch(c, (size_t)(max_pos + 1) * (size_t)(n_heads / kv->n_kv_heads)));
   attn_job j = {c, out, q, kv, rows, n_heads, scale};
-  lks_pool_run(c->pool, rows->n * n_heads, attn_task, &j);
+  lks_pool_run(c->pool, rows->n * kv->n_kv_heads, attn_task, &j);
   return 0;
 }
 
