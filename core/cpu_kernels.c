@@ -125,6 +125,24 @@ INLINE AVX2 void blk_avx2(const void *w, int64_t ldw, const float *x, int64_t ld
 
 // The blocking of an m x n product into blocks of at most 8 x 1 (one activation row) or 4 x 2
 // (16 ymm registers: 8 accumulators, 4 weights, activations).
+// The blocking of an m x n product: with one activation row, blocks of 8 weight rows (8
+// independent accumulators); otherwise blocks of RWB x RXB (RXB <= 4), activation rows outer so
+// that their block stays in L1 while the task's weight rows stream from L2.
+#define BLK_RX(blk, wp, xp, out, RW, nt, bf16)         \
+  switch (nt) {                                        \
+    case 4:                                            \
+      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 4, bf16); \
+      break;                                           \
+    case 3:                                            \
+      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 3, bf16); \
+      break;                                           \
+    case 2:                                            \
+      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 2, bf16); \
+      break;                                           \
+    default:                                           \
+      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 1, bf16); \
+  }
+
 #define DEFINE_MM(level, blk, wtype, bf16, RWB, RXB)                                             \
   static void mm_##wtype##_##level(const void *w, int64_t ldw, int64_t m, const float *x,        \
                                    int64_t ldx, int64_t n, int64_t K, float *out, int64_t ldo) { \
@@ -139,22 +157,17 @@ INLINE AVX2 void blk_avx2(const void *w, int64_t ldw, const float *x, int64_t ld
         blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 1, 1, bf16);           \
       return;                                                                                    \
     }                                                                                            \
-    for (int64_t r = 0; r < m; r += RWB) {                                                       \
-      const char *wr = (const char *)w + r * ldw * es;                                           \
-      int64_t t = 0;                                                                             \
-      if (r + RWB <= m) {                                                                        \
-        for (; t + RXB <= n; t += RXB)                                                           \
-          blk(wr, ldw, x + t * ldx, ldx, K, out + t * ldo + r, ldo, RWB, RXB, bf16);             \
-        for (; t < n; t++)                                                                       \
-          blk(wr, ldw, x + t * ldx, ldx, K, out + t * ldo + r, ldo, RWB, 1, bf16);               \
-      } else {                                                                                   \
-        for (int64_t i = r; i < m; i++) {                                                        \
-          const char *wi = (const char *)w + i * ldw * es;                                       \
-          for (t = 0; t + RXB <= n; t += RXB)                                                    \
-            blk(wi, ldw, x + t * ldx, ldx, K, out + t * ldo + i, ldo, 1, RXB, bf16);             \
-          for (; t < n; t++)                                                                     \
-            blk(wi, ldw, x + t * ldx, ldx, K, out + t * ldo + i, ldo, 1, 1, bf16);               \
-        }                                                                                        \
+    for (int64_t t = 0; t < n; t += RXB) {                                                       \
+      int nt = n - t < RXB ? (int)(n - t) : RXB;                                                 \
+      const float *xt = x + t * ldx;                                                             \
+      int64_t r = 0;                                                                             \
+      for (; r + RWB <= m; r += RWB) {                                                           \
+        const char *wr = (const char *)w + r * ldw * es;                                         \
+        BLK_RX(blk, wr, xt, out + t * ldo + r, RWB, nt, bf16);                                   \
+      }                                                                                          \
+      for (; r < m; r++) {                                                                       \
+        const char *wr = (const char *)w + r * ldw * es;                                         \
+        BLK_RX(blk, wr, xt, out + t * ldo + r, 1, nt, bf16);                                     \
       }                                                                                          \
     }                                                                                            \
   }
