@@ -26,8 +26,15 @@ static int by_logit_desc(const void *a, const void *b) {
   return i - j;
 }
 
+static int before_argmax(const float *x, int n) {
+  int best = 0;
+  for (int i = 1; i < n; i++)
+    if (x[i] > x[best]) best = i;
+  return best;
+}
+
 static int before_sample(const float *logits, int V, const lks_sampling *p, lks_rng *rng) {
-  if (p->temperature <= 0) return lks_argmax(logits, V);
+  if (p->temperature <= 0) return before_argmax(logits, V);
   float *probs = calloc((size_t)V, sizeof *probs);
   int *idx = malloc((size_t)V * sizeof *idx);
   for (int i = 0; i < V; i++) idx[i] = i;
