@@ -169,3 +169,13 @@ int lks_matmul_check(lks_tensor out, lks_tensor x, lks_tensor w) {
                          (long long)w.rows);
   return 0;
 }
+
+int lks_backend_experts(lks_backend *be, lks_tensor out, lks_tensor x,
+                        const lks_expert_call *calls, int n_calls) {
+  if (be->ops->experts) return be->ops->experts(be, out, x, calls, n_calls);
+  for (int e = 0; e < n_calls; e++) {
+    const lks_expert_call *c = &calls[e];
+    LKS_TRY(be->ops->expert(be, out, x, c->rows, c->weights, c->n, c->gate, c->up, c->down));
+  }
+  return 0;
+}

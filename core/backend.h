@@ -99,6 +99,14 @@ typedef struct lks_mla_dims {
   float scale;   // softmax scale, 1/sqrt(nope + rope)
 } lks_mla_dims;
 
+// One expert of a MoE layer for the experts op: its weights and the rows it runs on.
+typedef struct lks_expert_call {
+  lks_tensor gate, up, down;  // [I, H], [I, H], [H, I]
+  const int32_t *rows;        // [n] rows of x (and out), each at most once; NULL: rows 0..n-1
+  const float *weights;       // [n]; NULL: 1
+  int n;
+} lks_expert_call;
+
 typedef struct lks_backend_ops {
   const char *name;
   void (*free)(lks_backend *be);
@@ -151,6 +159,11 @@ typedef struct lks_backend_ops {
   int (*expert)(lks_backend *be, lks_tensor out, lks_tensor x, const int32_t *rows,
                 const float *weights, int n_rows, lks_tensor gate, lks_tensor up,
                 lks_tensor down);
+  // Optional (NULL: expert once per call, in order; lks_backend_experts applies it): the
+  // experts of calls[0 .. n_calls) on the same x and out, with the result of those expert calls
+  // in that order, bitwise; a backend runs them together (the CPU in two parallel phases).
+  int (*experts)(lks_backend *be, lks_tensor out, lks_tensor x, const lks_expert_call *calls,
+                 int n_calls);
   // out[i] = x[rows[i]].
   int (*gather_rows)(lks_backend *be, lks_tensor out, lks_tensor x, const int32_t *rows);
   // Per row of x [n, V]: index of the maximum (ties: lowest index), into host idx[n], and the
@@ -207,6 +220,10 @@ int lks_matmul_check(lks_tensor out, lks_tensor x, lks_tensor w);
 // Checks that every row's slot and position lie inside the cache (for every backend's
 // kv_store and attention): 0 or LKS_ERANGE naming the row.
 int lks_attn_rows_check(const lks_kv_layer *kv, const lks_attn_rows *rows);
+
+// The experts op, or its default: ops->expert once per call, in order.
+int lks_backend_experts(lks_backend *be, lks_tensor out, lks_tensor x,
+                        const lks_expert_call *calls, int n_calls);
 
 // Reads a whole tensor view to host memory as f32 (any dtype), row by row.
 int lks_tensor_to_host_f32(lks_backend *be, float *dst, lks_tensor t);

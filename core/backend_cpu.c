@@ -2,8 +2,8 @@
 // The CPU backend: the reference implementation of every op of backend.h, multithreaded over a
 // thread pool and vectorised through cpu_kernels. Matrix products split the weight's output rows
 // over the threads, so each thread streams its own part of the weights once per call whatever
-// the number of activation rows; with several rows, each weight row is widened to f32 once into
-// the thread's scratch and reused for all rows.
+// the number of activation rows, through register-blocked kernels that reuse each loaded weight
+// chunk for several rows. A MoE layer's experts run as two parallel phases in all.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -216,78 +216,84 @@ static int cpu_argmax(lks_backend *be, lks_tensor x, int32_t *idx, float *val) {
 
 // ---- matrix products ----
 
-// One parallel product job: up to two weights sharing the same input rows (gate and up of an
-// expert run as one job, so a decode step pays one dispatch for both).
+// Weight rows widened from F16 at a time: F16 has no kernel of its own; widening is exact, so
+// the products are those of the F32 kernel.
+enum { F16_ROWS = 8 };
+
+// tile[t * ldt + (r - r0)] = dot(w row r, x row t) for r in [r0, r1), t < n: the kernels for
+// F32 and BF16, F16 through a widened copy. `wide` holds F16_ROWS * K floats. Each element is
+// summed in the kernel level's one order, whatever r0, r1 and n (batch invariance).
+static void mm_tile(const cpu_backend *c, lks_tensor w, int64_t r0, int64_t r1, const float *x,
+                    int64_t ldx, int64_t n, float *tile, int64_t ldt, float *wide) {
+  const lks__cpu_kernels *k = c->k;
+  if (w.qs != LKS_Q_NONE) {  // quantized: dequantized in registers (cpu_quant.c), tile[t][r - r0]
+    lks__qweight q = {w.qs, (const uint8_t *)ptr(w), w.ld, (const char *)w.sbuf->data + w.soff,
+                      w.sld, w.qglobal, w.rows, w.cols};
+    lks__quant_matmul_rows(c->qk, &q, r0, r1, x, ldx, n, NULL, tile - r0, ldt, false);
+    return;
+  }
+  int64_t K = w.cols;
+  const char *wb = (const char *)ptr(w) + (size_t)(r0 * w.ld) * lks_dtype_size(w.dtype);
+  if (w.dtype == LKS_BF16) {
+    k->mm_bf16(wb, w.ld, r1 - r0, x, ldx, n, K, tile, ldt);
+  } else if (w.dtype == LKS_F32) {
+    k->mm_f32(wb, w.ld, r1 - r0, x, ldx, n, K, tile, ldt);
+  } else {
+    for (int64_t r = r0; r < r1; r += F16_ROWS) {
+      int64_t m = r1 - r < F16_ROWS ? r1 - r : F16_ROWS;
+      for (int64_t i = 0; i < m; i++) {
+        const uint16_t *src = (const uint16_t *)ptr(w) + (size_t)((r + i) * w.ld);
+        for (int64_t c = 0; c < K; c++) wide[i * K + c] = lks_f16_to_f32(src[c]);
+      }
+      k->mm_f32(wide, K, m, x, ldx, n, K, tile + (r - r0), ldt);
+    }
+  }
+}
+
+// Output rows of the weight per task: about 8 tasks per thread balance uneven progress; at
+// least 16 rows keep a task worth a claim; a multiple of 8, the kernels' block.
+static int64_t rows_per_task(const cpu_backend *c, int64_t rows) {
+  int64_t per = rows / ((int64_t)c->n_threads * 8);
+  per = per < 16 ? 16 : (per + 7) / 8 * 8;
+  return per;
+}
+
+// Scratch per thread for a task of `rows` weight rows over n activation rows of K: the tile,
+// and the widened F16 rows.
+static int grow_mm_scratch(cpu_backend *c, int64_t rows, int64_t n, int64_t K) {
+  return grow_thread_scratch(c, (size_t)(rows * n + F16_ROWS * K));
+}
+
 typedef struct {
   cpu_backend *c;
   const float *x;  // [n, K], row stride ldx
-  int64_t ldx, n, K;
-  int n_mats;
-  struct {
-    lks_tensor w;
-    const float *bias;  // [M] or NULL
-    float *out;         // [n, M], row stride ldo
-    int64_t ldo;
-  } m[2];
+  int64_t ldx, n;
+  lks_tensor w;
+  const float *bias;  // [M] or NULL
+  float *out;         // [n, M], row stride ldo
+  int64_t ldo;
   bool accumulate;
-  int64_t rows_per_task;
-  int tasks_per_mat;
+  int64_t per;  // weight rows per task
 } mm_job;
 
 static void mm_task(void *ctx, int task, int thread) {
   mm_job *j = ctx;
-  int mi = task / j->tasks_per_mat;
-  int64_t r0 = (int64_t)(task % j->tasks_per_mat) * j->rows_per_task;
-  lks_tensor w = j->m[mi].w;
-  int64_t r1 = r0 + j->rows_per_task < w.rows ? r0 + j->rows_per_task : w.rows;
-  if (w.qs != LKS_Q_NONE) {
-    lks__qweight q = {w.qs, (const uint8_t *)ptr(w), w.ld,
-                      (const char *)w.sbuf->data + w.soff, w.sld, w.qglobal, w.rows, w.cols};
-    lks__quant_matmul_rows(j->c->qk, &q, r0, r1, j->x, j->ldx, j->n, j->m[mi].bias,
-                           j->m[mi].out, j->m[mi].ldo, j->accumulate);
-    return;
-  }
-  size_t es = lks_dtype_size(w.dtype);
-  const char *wbase = (const char *)ptr(w);
-  float *wide = j->c->thread_scratch[thread].p;
-  for (int64_t r = r0; r < r1; r++) {
-    const void *wr = wbase + (size_t)(r * w.ld) * es;
-    float b = j->m[mi].bias ? j->m[mi].bias[r] : 0.0f;
-    // Few rows, BF16 or F32: dot straight from the weights (the row stays in L1 across the
-    // rows). Otherwise widen the row once and reuse it.
-    bool direct = w.dtype == LKS_F32 || (w.dtype == LKS_BF16 && j->n <= 32);
-    const float *wf = wr;
-    if (!direct) {
-      if (w.dtype == LKS_BF16)
-        for (int64_t i = 0; i < j->K; i++) wide[i] = lks_bf16_to_f32(((const uint16_t *)wr)[i]);
-      else
-        for (int64_t i = 0; i < j->K; i++) wide[i] = lks_f16_to_f32(((const uint16_t *)wr)[i]);
-      wf = wide;
-    }
-    for (int64_t t = 0; t < j->n; t++) {
-      const float *xt = j->x + t * j->ldx;
-      float d = (direct && w.dtype == LKS_BF16) ? j->c->k->dot_bf16(wr, xt, j->K)
-                                                 : j->c->k->dot_f32(wf, xt, j->K);
-      float *o = j->m[mi].out + t * j->m[mi].ldo + r;
-      *o = j->accumulate ? *o + d + b : d + b;
+  int64_t r0 = (int64_t)task * j->per, r1 = r0 + j->per < j->w.rows ? r0 + j->per : j->w.rows;
+  int64_t m = r1 - r0;
+  float *tile = j->c->thread_scratch[thread].p, *wide = tile + j->per * j->n;
+  mm_tile(j->c, j->w, r0, r1, j->x, j->ldx, j->n, tile, m, wide);
+  for (int64_t t = 0; t < j->n; t++) {
+    float *o = j->out + t * j->ldo + r0;
+    const float *d = tile + t * m;
+    for (int64_t r = 0; r < m; r++) {
+      float b = j->bias ? j->bias[r0 + r] : 0.0f;
+      o[r] = j->accumulate ? o[r] + d[r] + b : d[r] + b;
     }
   }
 }
 
-static int mm_run(mm_job *j) {
-  cpu_backend *c = j->c;
-  LKS_TRY(grow_thread_scratch(c, (size_t)j->K));
-  int64_t M = j->m[0].w.rows;
-  // About 8 tasks per thread balance uneven progress; at least 16 rows keep tasks worth a claim.
-  int64_t per = M / ((int64_t)c->n_threads * 8);
-  j->rows_per_task = per < 16 ? 16 : per;
-  j->tasks_per_mat = (int)((M + j->rows_per_task - 1) / j->rows_per_task);
-  lks_pool_run(c->pool, j->tasks_per_mat * j->n_mats, mm_task, j);
-  return 0;
-}
-
-static int cpu_matmul(lks_backend *be, lks_tensor out, lks_tensor x, lks_tensor w,
-                      lks_tensor bias, bool accumulate) {
+static int cpu_matmul(lks_backend *be, lks_tensor out, lks_tensor x, lks_tensor w, lks_tensor bias,
+                      bool accumulate) {
   cpu_backend *c = (cpu_backend *)be;
   LKS_TRY(lks_matmul_check(out, x, w));
   float *bf = NULL;
@@ -296,13 +302,19 @@ static int cpu_matmul(lks_backend *be, lks_tensor out, lks_tensor x, lks_tensor 
     bf = c->work[2].p;
     load_row_f32(bias, 0, bf);
   }
-  mm_job j = {.c = c, .x = ptr(x), .ldx = x.ld, .n = x.rows, .K = x.cols, .n_mats = 1,
+  mm_job j = {.c = c,
+              .x = ptr(x),
+              .ldx = x.ld,
+              .n = x.rows,
+              .w = w,
+              .bias = bf,
+              .out = ptr(out),
+              .ldo = out.ld,
               .accumulate = accumulate};
-  j.m[0].w = w;
-  j.m[0].bias = bf;
-  j.m[0].out = ptr(out);
-  j.m[0].ldo = out.ld;
-  return mm_run(&j);
+  j.per = rows_per_task(c, w.rows);
+  LKS_TRY(grow_mm_scratch(c, j.per, j.n, x.cols));
+  lks_pool_run(c->pool, (int)((w.rows + j.per - 1) / j.per), mm_task, &j);
+  return 0;
 }
 
 // ---- attention ----
@@ -316,35 +328,47 @@ typedef struct {
   float scale;
 } attn_job;
 
+// One task: one row and one KV head, for all query heads of its group (GQA reads each KV
+// head once). Scores come block by block of the cache from the blocked kernel (each score the
+// level's one dot order, so a row's result does not depend on its batch); softmax and the
+// weighted sum of V follow per query head.
 static void attn_task(void *ctx, int task, int thread) {
   attn_job *j = ctx;
   const lks_kv_layer *kv = j->kv;
-  int row = task / j->n_heads, h = task % j->n_heads;
-  int hd = kv->head_dim, kvh = h / (j->n_heads / kv->n_kv_heads);
+  int group = j->n_heads / kv->n_kv_heads;
+  int row = task / kv->n_kv_heads, kvh = task % kv->n_kv_heads;
+  int hd = kv->head_dim, bs = kv->block_size;
   int64_t kv_ld = (int64_t)kv->n_kv_heads * hd;
-  const float *q = row_f32(j->q, row) + h * hd;
-  float *o = row_f32(j->out, row) + h * hd;
+  const float *q = row_f32(j->q, row) + (int64_t)kvh * group * hd;
+  float *o = row_f32(j->out, row) + (int64_t)kvh * group * hd;
   const float *K = kv->k->data, *V = kv->v->data;
   const int32_t *bt = j->rows->block_table + (size_t)j->rows->seq[row] * j->rows->max_blocks;
   int n_pos = j->rows->pos[row] + 1;
-  float *s = j->c->thread_scratch[thread].p;
-  float mx = -INFINITY;
-  for (int p = 0; p < n_pos; p++) {
-    int64_t slot = (int64_t)bt[p / kv->block_size] * kv->block_size + p % kv->block_size;
-    s[p] = j->c->k->dot_f32(K + slot * kv_ld + kvh * hd, q, hd) * j->scale;
-    if (s[p] > mx) mx = s[p];
+  float *s = j->c->thread_scratch[thread].p;  // [group, n_pos]
+  for (int p0 = 0; p0 < n_pos; p0 += bs) {
+    int np = n_pos - p0 < bs ? n_pos - p0 : bs;
+    const float *kb = K + (int64_t)bt[p0 / bs] * bs * kv_ld + kvh * hd;
+    j->c->k->mm_f32(kb, kv_ld, np, q, hd, group, hd, s + p0, n_pos);
   }
-  float sum = 0;
-  for (int p = 0; p < n_pos; p++) {
-    s[p] = expf(s[p] - mx);
-    sum += s[p];
-  }
-  for (int d = 0; d < hd; d++) o[d] = 0;
-  for (int p = 0; p < n_pos; p++) {
-    int64_t slot = (int64_t)bt[p / kv->block_size] * kv->block_size + p % kv->block_size;
-    const float *v = V + slot * kv_ld + kvh * hd;
-    float w = s[p] / sum;
-    for (int d = 0; d < hd; d++) o[d] += w * v[d];
+  for (int g = 0; g < group; g++) {
+    float *sg = s + (int64_t)g * n_pos, *og = o + (int64_t)g * hd;
+    float mx = -INFINITY;
+    for (int p = 0; p < n_pos; p++) {
+      sg[p] *= j->scale;
+      if (sg[p] > mx) mx = sg[p];
+    }
+    float sum = 0;
+    for (int p = 0; p < n_pos; p++) {
+      sg[p] = expf(sg[p] - mx);
+      sum += sg[p];
+    }
+    for (int d = 0; d < hd; d++) og[d] = 0;
+    for (int p = 0; p < n_pos; p++) {
+      int64_t slot = (int64_t)bt[p / bs] * bs + p % bs;
+      const float *v = V + slot * kv_ld + kvh * hd;
+      float w = sg[p] / sum;
+      for (int d = 0; d < hd; d++) og[d] += w * v[d];
+    }
   }
 }
 
@@ -367,9 +391,9 @@ static int cpu_attention(lks_backend *be, lks_tensor out, lks_tensor q, const lk
   int max_pos = 0;
   for (int i = 0; i < rows->n; i++)
     if (rows->pos[i] > max_pos) max_pos = rows->pos[i];
-  LKS_TRY(grow_thread_scratch(c, (size_t)max_pos + 1));
+  LKS_TRY(grow_thread_scratch(c, (size_t)(max_pos + 1) * (size_t)(n_heads / kv->n_kv_heads)));
   attn_job j = {c, out, q, kv, rows, n_heads, scale};
-  lks_pool_run(c->pool, rows->n * n_heads, attn_task, &j);
+  lks_pool_run(c->pool, rows->n * kv->n_kv_heads, attn_task, &j);
   return 0;
 }
 
@@ -436,48 +460,139 @@ static int cpu_route(lks_backend *be, lks_tensor logits, lks_tensor bias,
   return 0;
 }
 
+// Several SwiGLU experts in two parallel phases (backend.h, experts). Phase 1: tasks are
+// (expert, block of intermediate rows): gate and up of the block for the expert's rows, then
+// silu(g) * u into act. Phase 2: tasks are blocks of output columns: for each expert in order,
+// down of the block for its rows, added into out with the row's weight. Each row's arithmetic is
+// that of one expert call after another, so the result is bitwise that of the expert op called
+// per expert, in order, and does not depend on the batch.
+typedef struct {
+  cpu_backend *c;
+  lks_tensor out;
+  const lks_expert_call *calls;
+  int n_calls;
+  const float **xin;   // [n_calls]: the expert's input rows, contiguous ([n, H])
+  int64_t *ldx;        // [n_calls]
+  float **act;         // [n_calls]: [n, I]
+  int *task0;          // [n_calls + 1]: first phase-1 task of each expert
+  int64_t per1, per2;  // rows per task of phase 1 (of I) and phase 2 (of H)
+  int64_t max_n, H;
+} experts_job;
+
+static void experts_up_task(void *ctx, int task, int thread) {
+  experts_job *j = ctx;
+  int e = 0;
+  while (task >= j->task0[e + 1]) e++;
+  const lks_expert_call *ec = &j->calls[e];
+  int64_t I = ec->gate.rows, n = ec->n;
+  int64_t r0 = (int64_t)(task - j->task0[e]) * j->per1;
+  int64_t r1 = r0 + j->per1 < I ? r0 + j->per1 : I, m = r1 - r0;
+  float *g = j->c->thread_scratch[thread].p, *u = g + j->per1 * j->max_n;
+  float *wide = u + j->per1 * j->max_n;
+  mm_tile(j->c, ec->gate, r0, r1, j->xin[e], j->ldx[e], n, g, m, wide);
+  mm_tile(j->c, ec->up, r0, r1, j->xin[e], j->ldx[e], n, u, m, wide);
+  for (int64_t t = 0; t < n; t++)
+    for (int64_t r = 0; r < m; r++) {
+      float gv = g[t * m + r] + 0.0f, uv = u[t * m + r] + 0.0f;  // as a matmul without bias
+      j->act[e][t * I + r0 + r] = gv / (1.0f + expf(-gv)) * uv;
+    }
+}
+
+static void experts_down_task(void *ctx, int task, int thread) {
+  experts_job *j = ctx;
+  int64_t c0 = (int64_t)task * j->per2, c1 = c0 + j->per2 < j->H ? c0 + j->per2 : j->H;
+  int64_t m = c1 - c0;
+  float *d = j->c->thread_scratch[thread].p, *wide = d + j->per2 * j->max_n;
+  for (int e = 0; e < j->n_calls; e++) {
+    const lks_expert_call *ec = &j->calls[e];
+    mm_tile(j->c, ec->down, c0, c1, j->act[e], ec->gate.rows, ec->n, d, m, wide);
+    for (int64_t t = 0; t < ec->n; t++) {
+      float *o = row_f32(j->out, ec->rows ? ec->rows[t] : t) + c0;
+      float w = ec->weights ? ec->weights[t] : 1.0f;
+      const float *dt = d + t * m;
+      for (int64_t k = 0; k < m; k++) o[k] += w * (dt[k] + 0.0f);
+    }
+  }
+}
+
+static int cpu_experts(lks_backend *be, lks_tensor out, lks_tensor x, const lks_expert_call *calls,
+                       int n_calls) {
+  cpu_backend *c = (cpu_backend *)be;
+  int64_t H = x.cols;
+  if (n_calls <= 0) return 0;
+  if (out.cols != H) return lks_set_error(LKS_ESHAPE, "experts: out and x widths differ");
+  // Host arrays and the gathered inputs and activations, in work[0] and work[1].
+  size_t n_x = 0, n_act = 0;
+  int64_t max_n = 0, max_i = 0, max_k = H;
+  for (int e = 0; e < n_calls; e++) {
+    const lks_expert_call *ec = &calls[e];
+    int64_t I = ec->gate.rows;
+    LKS_TRY(lks_weight_check(ec->gate, H));
+    LKS_TRY(lks_weight_check(ec->up, H));
+    LKS_TRY(lks_weight_check(ec->down, I));
+    if (ec->up.rows != I || ec->down.rows != H)
+      return lks_set_error(LKS_ESHAPE, "expert: gate/up/down shapes disagree");
+    if (ec->n < 0) return lks_set_error(LKS_ESHAPE, "expert: %d rows", ec->n);
+    for (int t = 0; ec->rows && t < ec->n; t++)
+      if (ec->rows[t] < 0 || ec->rows[t] >= out.rows || ec->rows[t] >= x.rows)
+        return lks_set_error(LKS_ERANGE, "expert: row %d outside [0, %lld)", ec->rows[t],
+                             (long long)x.rows);
+    if (!ec->rows && (ec->n > x.rows || ec->n > out.rows))
+      return lks_set_error(LKS_ESHAPE, "expert: %d rows of %lld", ec->n, (long long)x.rows);
+    if (ec->rows) n_x += (size_t)(ec->n * H);
+    n_act += (size_t)(ec->n * I);
+    if (ec->n > max_n) max_n = ec->n;
+    if (I > max_i) max_i = I;
+    if (I > max_k) max_k = I;
+  }
+  if (max_n == 0) return 0;
+  size_t meta = (size_t)n_calls * 4 + 1;  // xin, ldx, act, task0: at most 8 bytes each
+  LKS_TRY(grow(&c->work[0], n_x + n_act));
+  LKS_TRY(grow(&c->work[1], meta * 2 + 2));
+  char *mp = (char *)c->work[1].p;
+  experts_job j = {.c = c, .out = out, .calls = calls, .n_calls = n_calls, .max_n = max_n, .H = H};
+  j.xin = (const float **)mp;
+  j.ldx = (int64_t *)(mp + (size_t)n_calls * 8);
+  j.act = (float **)(mp + (size_t)n_calls * 16);
+  j.task0 = (int *)(mp + (size_t)n_calls * 24);
+  float *xp = c->work[0].p, *ap = xp + n_x;
+  for (int e = 0; e < n_calls; e++) {
+    const lks_expert_call *ec = &calls[e];
+    if (ec->rows) {  // gather (decode: one row, a copy of H floats)
+      for (int t = 0; t < ec->n; t++)
+        memcpy(xp + t * H, row_f32(x, ec->rows[t]), (size_t)H * sizeof(float));
+      j.xin[e] = xp;
+      j.ldx[e] = H;
+      xp += ec->n * H;
+    } else {
+      j.xin[e] = ptr(x);
+      j.ldx[e] = x.ld;
+    }
+    j.act[e] = ap;
+    ap += ec->n * ec->gate.rows;
+  }
+  // Phase 1: blocks of intermediate rows, enough of them over all experts to balance.
+  int64_t total_i = 0;
+  for (int e = 0; e < n_calls; e++) total_i += calls[e].n ? calls[e].gate.rows : 0;
+  j.per1 = rows_per_task(c, total_i);
+  if (j.per1 > max_i) j.per1 = (max_i + 7) / 8 * 8;
+  j.task0[0] = 0;
+  for (int e = 0; e < n_calls; e++)
+    j.task0[e + 1] =
+        j.task0[e] + (calls[e].n ? (int)((calls[e].gate.rows + j.per1 - 1) / j.per1) : 0);
+  j.per2 = rows_per_task(c, H);
+  int64_t tile = (j.per1 > j.per2 ? j.per1 : j.per2) * max_n;
+  LKS_TRY(grow_thread_scratch(c, (size_t)(2 * tile + F16_ROWS * max_k)));
+  lks_pool_run(c->pool, j.task0[n_calls], experts_up_task, &j);
+  lks_pool_run(c->pool, (int)((H + j.per2 - 1) / j.per2), experts_down_task, &j);
+  return 0;
+}
+
 static int cpu_expert(lks_backend *be, lks_tensor out, lks_tensor x, const int32_t *rows,
                       const float *weights, int n, lks_tensor gate, lks_tensor up,
                       lks_tensor down) {
-  cpu_backend *c = (cpu_backend *)be;
-  int64_t H = x.cols, I = gate.rows;
-  LKS_TRY(lks_weight_check(gate, H));
-  LKS_TRY(lks_weight_check(up, H));
-  LKS_TRY(lks_weight_check(down, I));
-  if (up.rows != I || down.rows != out.cols)
-    return lks_set_error(LKS_ESHAPE, "expert: gate/up/down shapes disagree");
-  // Gather the rows (decode: one row, a copy of H floats).
-  const float *xin = ptr(x);
-  int64_t ldx = x.ld;
-  if (rows) {
-    LKS_TRY(grow(&c->work[0], (size_t)n * H));
-    for (int i = 0; i < n; i++) memcpy(c->work[0].p + i * H, row_f32(x, rows[i]), H * 4);
-    xin = c->work[0].p;
-    ldx = H;
-  }
-  LKS_TRY(grow(&c->work[1], (size_t)n * (2 * I + out.cols)));
-  float *g = c->work[1].p, *u = g + n * I, *d = u + n * I;
-  mm_job j = {.c = c, .x = xin, .ldx = ldx, .n = n, .K = H, .n_mats = 2};
-  j.m[0].w = gate;
-  j.m[0].out = g;
-  j.m[0].ldo = I;
-  j.m[1].w = up;
-  j.m[1].out = u;
-  j.m[1].ldo = I;
-  LKS_TRY(mm_run(&j));
-  for (int64_t i = 0; i < n * I; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-  mm_job jd = {.c = c, .x = g, .ldx = I, .n = n, .K = I, .n_mats = 1};
-  jd.m[0].w = down;
-  jd.m[0].out = d;
-  jd.m[0].ldo = out.cols;
-  LKS_TRY(mm_run(&jd));
-  for (int i = 0; i < n; i++) {
-    float *o = row_f32(out, rows ? rows[i] : i);
-    float w = weights ? weights[i] : 1.0f;
-    const float *di = d + (int64_t)i * out.cols;
-    for (int64_t k = 0; k < out.cols; k++) o[k] += w * di[k];
-  }
-  return 0;
+  lks_expert_call one = {gate, up, down, rows, weights, n};
+  return cpu_experts(be, out, x, &one, 1);
 }
 
 // ---- lifetime ----
@@ -510,6 +625,7 @@ static const lks_backend_ops cpu_ops = {
     .attention = cpu_attention,
     .route = cpu_route,
     .expert = cpu_expert,
+    .experts = cpu_experts,
     .gather_rows = cpu_gather_rows,
     .argmax = cpu_argmax,
     .layernorm = lks__cpu_layernorm,

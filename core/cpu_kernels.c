@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: MIT
 // Dot-product kernels of the CPU backend (see cpu_kernels.h). Decode is bound by memory
 // bandwidth, so the BF16 kernels widen weights to f32 in registers (a shift) and use f32 FMAs:
-// the arithmetic is exactly that of the F32 path, with half the bytes read.
+// the arithmetic is exactly that of the F32 path, with half the bytes read. One accumulator per
+// output keeps the order fixed; the blocked kernels get their parallelism from several outputs
+// at once instead (8 weight rows for one activation row in decode, 4 x 4 in batches on
+// AVX-512), and reuse each loaded weight chunk for several activation rows.
 #include "core/cpu_kernels.h"
 
 #include <stdlib.h>
@@ -30,96 +33,236 @@ static float dot_f32_scalar(const float *w, const float *x, int64_t n) {
   return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
-static const lks__cpu_kernels k_scalar = {"scalar", dot_bf16_scalar, dot_f32_scalar};
+static void mm_bf16_scalar(const void *w, int64_t ldw, int64_t m, const float *x, int64_t ldx,
+                           int64_t n, int64_t K, float *out, int64_t ldo) {
+  for (int64_t r = 0; r < m; r++)
+    for (int64_t t = 0; t < n; t++)
+      out[t * ldo + r] = dot_bf16_scalar((const uint16_t *)w + r * ldw, x + t * ldx, K);
+}
+
+static void mm_f32_scalar(const void *w, int64_t ldw, int64_t m, const float *x, int64_t ldx,
+                          int64_t n, int64_t K, float *out, int64_t ldo) {
+  for (int64_t r = 0; r < m; r++)
+    for (int64_t t = 0; t < n; t++)
+      out[t * ldo + r] = dot_f32_scalar((const float *)w + r * ldw, x + t * ldx, K);
+}
+
+static const lks__cpu_kernels k_scalar = {"scalar", dot_bf16_scalar, dot_f32_scalar, mm_bf16_scalar,
+                                          mm_f32_scalar};
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-__attribute__((target("avx2,fma"))) static float hsum256(__m256 v) {
+#define INLINE static inline __attribute__((always_inline))
+
+// ---- AVX2: 8 lanes ----
+
+#define AVX2 __attribute__((target("avx2,fma")))
+
+INLINE AVX2 float hsum256(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
   return _mm_cvtss_f32(s);
 }
 
-__attribute__((target("avx2,fma"))) static float dot_bf16_avx2(const uint16_t *w, const float *x,
-                                                                int64_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m256i w0 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + i)));
-    __m256i w1 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + i + 8)));
-    a0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w0, 16)), _mm256_loadu_ps(x + i),
-                         a0);
-    a1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w1, 16)),
-                         _mm256_loadu_ps(x + i + 8), a1);
-  }
-  float s = hsum256(_mm256_add_ps(a0, a1));
-  for (; i < n; i++) s += lks_bf16_to_f32(w[i]) * x[i];
-  return s;
+// Elements [k, k + 8) of a row; the tail (r = K - k < 8 elements) zero-padded.
+INLINE AVX2 __m256 ld8_f32(const float *p) { return _mm256_loadu_ps(p); }
+INLINE AVX2 __m256 ld8_bf16(const uint16_t *p) {
+  __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+INLINE AVX2 __m256 ld8_f32_tail(const float *p, int r) {
+  float b[8] = {0};
+  memcpy(b, p, (size_t)r * sizeof *b);
+  return _mm256_loadu_ps(b);
+}
+INLINE AVX2 __m256 ld8_bf16_tail(const uint16_t *p, int r) {
+  uint16_t b[8] = {0};
+  memcpy(b, p, (size_t)r * sizeof *b);
+  return ld8_bf16(b);
 }
 
-__attribute__((target("avx2,fma"))) static float dot_f32_avx2(const float *w, const float *x,
-                                                               int64_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+// A block of RW weight rows x RX activation rows; bf16 selects the weight type.
+INLINE AVX2 void blk_avx2(const void *w, int64_t ldw, const float *x, int64_t ldx, int64_t K,
+                          float *out, int64_t ldo, int RW, int RX, int bf16) {
+  __m256 acc[8][4];
+#pragma GCC unroll 8
+  for (int i = 0; i < RW; i++)
+#pragma GCC unroll 4
+    for (int j = 0; j < RX; j++) acc[i][j] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m256 xv[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < RX; j++) xv[j] = ld8_f32(x + j * ldx + k);
+#pragma GCC unroll 8
+    for (int i = 0; i < RW; i++) {
+      __m256 wv = bf16 ? ld8_bf16((const uint16_t *)w + i * ldw + k)
+                       : ld8_f32((const float *)w + i * ldw + k);
+#pragma GCC unroll 4
+      for (int j = 0; j < RX; j++) acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
+    }
   }
-  float s = hsum256(_mm256_add_ps(a0, a1));
-  for (; i < n; i++) s += w[i] * x[i];
-  return s;
+  if (k < K) {
+    int r = (int)(K - k);
+    __m256 xv[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < RX; j++) xv[j] = ld8_f32_tail(x + j * ldx + k, r);
+#pragma GCC unroll 8
+    for (int i = 0; i < RW; i++) {
+      __m256 wv = bf16 ? ld8_bf16_tail((const uint16_t *)w + i * ldw + k, r)
+                       : ld8_f32_tail((const float *)w + i * ldw + k, r);
+#pragma GCC unroll 4
+      for (int j = 0; j < RX; j++) acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < RW; i++)
+#pragma GCC unroll 4
+    for (int j = 0; j < RX; j++) out[j * ldo + i] = hsum256(acc[i][j]);
 }
 
-__attribute__((target("avx512f"))) static float dot_bf16_avx512(const uint16_t *w,
-                                                                 const float *x, int64_t n) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    __m512i w0 = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(w + i)));
-    __m512i w1 = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(w + i + 16)));
-    a0 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w0, 16)), _mm512_loadu_ps(x + i),
-                         a0);
-    a1 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w1, 16)),
-                         _mm512_loadu_ps(x + i + 16), a1);
+// The blocking of an m x n product into blocks of at most 8 x 1 (one activation row) or 4 x 2
+// (16 ymm registers: 8 accumulators, 4 weights, activations).
+// The blocking of an m x n product: with one activation row, blocks of 8 weight rows (8
+// independent accumulators); otherwise blocks of RWB x RXB (RXB <= 4), activation rows outer so
+// that their block stays in L1 while the task's weight rows stream from L2.
+#define BLK_RX(blk, wp, xp, out, RW, nt, bf16)         \
+  switch (nt) {                                        \
+    case 4:                                            \
+      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 4, bf16); \
+      break;                                           \
+    case 3:                                            \
+      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 3, bf16); \
+      break;                                           \
+    case 2:                                            \
+      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 2, bf16); \
+      break;                                           \
+    default:                                           \
+      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 1, bf16); \
   }
-  if (i + 16 <= n) {
-    __m512i w0 = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(w + i)));
-    a0 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w0, 16)), _mm512_loadu_ps(x + i),
-                         a0);
-    i += 16;
+
+#define DEFINE_MM(level, blk, wtype, bf16, RWB, RXB)                                             \
+  static void mm_##wtype##_##level(const void *w, int64_t ldw, int64_t m, const float *x,        \
+                                   int64_t ldx, int64_t n, int64_t K, float *out, int64_t ldo) { \
+    size_t es = bf16 ? 2 : 4;                                                                    \
+    if (n == 1) {                                                                                \
+      int64_t r = 0;                                                                             \
+      for (; r + 8 <= m; r += 8)                                                                 \
+        blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 8, 1, bf16);           \
+      for (; r + 4 <= m; r += 4)                                                                 \
+        blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 4, 1, bf16);           \
+      for (; r < m; r++)                                                                         \
+        blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 1, 1, bf16);           \
+      return;                                                                                    \
+    }                                                                                            \
+    for (int64_t t = 0; t < n; t += RXB) {                                                       \
+      int nt = n - t < RXB ? (int)(n - t) : RXB;                                                 \
+      const float *xt = x + t * ldx;                                                             \
+      int64_t r = 0;                                                                             \
+      for (; r + RWB <= m; r += RWB) {                                                           \
+        const char *wr = (const char *)w + r * ldw * es;                                         \
+        BLK_RX(blk, wr, xt, out + t * ldo + r, RWB, nt, bf16);                                   \
+      }                                                                                          \
+      for (; r < m; r++) {                                                                       \
+        const char *wr = (const char *)w + r * ldw * es;                                         \
+        BLK_RX(blk, wr, xt, out + t * ldo + r, 1, nt, bf16);                                     \
+      }                                                                                          \
+    }                                                                                            \
   }
-  float s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-  for (; i < n; i++) s += lks_bf16_to_f32(w[i]) * x[i];
-  return s;
+
+AVX2 DEFINE_MM(avx2, blk_avx2, bf16, 1, 4, 2) AVX2 DEFINE_MM(avx2, blk_avx2, f32, 0, 4, 2)
+
+    AVX2 static float dot_bf16_avx2(const uint16_t *w, const float *x, int64_t n) {
+  float o;
+  blk_avx2(w, 0, x, 0, n, &o, 0, 1, 1, 1);
+  return o;
+}
+AVX2 static float dot_f32_avx2(const float *w, const float *x, int64_t n) {
+  float o;
+  blk_avx2(w, 0, x, 0, n, &o, 0, 1, 1, 0);
+  return o;
 }
 
-__attribute__((target("avx512f"))) static float dot_f32_avx512(const float *w, const float *x,
-                                                                int64_t n) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), a0);
-    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
-  }
-  float s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-  for (; i < n; i++) s += w[i] * x[i];
-  return s;
+// ---- AVX-512: 16 lanes ----
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+
+INLINE AVX512 __m512 ld16_bf16_bits(__m256i v) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
 }
 
-static const lks__cpu_kernels k_avx2 = {"avx2", dot_bf16_avx2, dot_f32_avx2};
-static const lks__cpu_kernels k_avx512 = {"avx512", dot_bf16_avx512, dot_f32_avx512};
+INLINE AVX512 void blk_avx512(const void *w, int64_t ldw, const float *x, int64_t ldx, int64_t K,
+                              float *out, int64_t ldo, int RW, int RX, int bf16) {
+  __m512 acc[8][4];
+#pragma GCC unroll 8
+  for (int i = 0; i < RW; i++)
+#pragma GCC unroll 4
+    for (int j = 0; j < RX; j++) acc[i][j] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 xv[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < RX; j++) xv[j] = _mm512_loadu_ps(x + j * ldx + k);
+#pragma GCC unroll 8
+    for (int i = 0; i < RW; i++) {
+      __m512 wv = bf16 ? ld16_bf16_bits(_mm256_loadu_si256(
+                             (const __m256i *)((const uint16_t *)w + i * ldw + k)))
+                       : _mm512_loadu_ps((const float *)w + i * ldw + k);
+#pragma GCC unroll 4
+      for (int j = 0; j < RX; j++) acc[i][j] = _mm512_fmadd_ps(wv, xv[j], acc[i][j]);
+    }
+  }
+  if (k < K) {  // masked loads: zeros past the end, and nothing read there
+    __mmask16 mk = (__mmask16)((1u << (K - k)) - 1);
+    __m512 xv[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < RX; j++) xv[j] = _mm512_maskz_loadu_ps(mk, x + j * ldx + k);
+#pragma GCC unroll 8
+    for (int i = 0; i < RW; i++) {
+      __m512 wv =
+          bf16 ? ld16_bf16_bits(_mm256_maskz_loadu_epi16(mk, (const uint16_t *)w + i * ldw + k))
+               : _mm512_maskz_loadu_ps(mk, (const float *)w + i * ldw + k);
+#pragma GCC unroll 4
+      for (int j = 0; j < RX; j++) acc[i][j] = _mm512_fmadd_ps(wv, xv[j], acc[i][j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < RW; i++)
+#pragma GCC unroll 4
+    for (int j = 0; j < RX; j++) out[j * ldo + i] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+AVX512 DEFINE_MM(avx512, blk_avx512, bf16, 1, 4, 4) AVX512
+    DEFINE_MM(avx512, blk_avx512, f32, 0, 4, 4)
+
+        AVX512 static float dot_bf16_avx512(const uint16_t *w, const float *x, int64_t n) {
+  float o;
+  blk_avx512(w, 0, x, 0, n, &o, 0, 1, 1, 1);
+  return o;
+}
+AVX512 static float dot_f32_avx512(const float *w, const float *x, int64_t n) {
+  float o;
+  blk_avx512(w, 0, x, 0, n, &o, 0, 1, 1, 0);
+  return o;
+}
+
+static const lks__cpu_kernels k_avx2 = {"avx2", dot_bf16_avx2, dot_f32_avx2, mm_bf16_avx2,
+                                        mm_f32_avx2};
+static const lks__cpu_kernels k_avx512 = {"avx512", dot_bf16_avx512, dot_f32_avx512, mm_bf16_avx512,
+                                          mm_f32_avx512};
 #endif
 
 const lks__cpu_kernels *lks__cpu_kernels_get(const char *name) {
   if (strcmp(name, "scalar") == 0) return &k_scalar;
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  if (strcmp(name, "avx2") == 0 && __builtin_cpu_supports("avx2") &&
-      __builtin_cpu_supports("fma"))
+  if (strcmp(name, "avx2") == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
     return &k_avx2;
-  if (strcmp(name, "avx512") == 0 && __builtin_cpu_supports("avx512f")) return &k_avx512;
+  if (strcmp(name, "avx512") == 0 && __builtin_cpu_supports("avx512f") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+    return &k_avx512;
 #endif
   return NULL;
 }

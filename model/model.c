@@ -79,6 +79,7 @@ struct lks_model {
   acts a;
   // Host scratch for routing and expert dispatch.
   int32_t *route_ids, *exp_rows, *exp_count;
+  lks_expert_call *exp_calls;  // [n_experts + 1]: this layer's routed experts, then the shared
   float *route_w, *exp_w;
   int route_cap;
   int32_t *slots;
@@ -495,6 +496,7 @@ void lks_model_free(lks_model *m) {
   free(m->exp_rows);
   free(m->exp_w);
   free(m->exp_count);
+  free(m->exp_calls);
   free(m->slots);
   free(m->gather_buf);
   free(m);
@@ -548,7 +550,8 @@ static int reserve(lks_model *m, int n) {
   int32_t *slots = realloc(m->slots, N * sizeof *slots);
   if (slots) m->slots = slots;
   if (!m->exp_count) m->exp_count = calloc((size_t)c->n_experts + 1, sizeof *m->exp_count);
-  if (!ids || !w || !rows || !ew || !slots || !m->exp_count)
+  if (!m->exp_calls) m->exp_calls = calloc((size_t)c->n_experts + 1, sizeof *m->exp_calls);
+  if (!ids || !w || !rows || !ew || !slots || !m->exp_count || !m->exp_calls)
     return lks_set_error(LKS_ENOMEM, "cannot allocate routing for %d rows", n);
   m->a.cap = n;
   return 0;
@@ -581,21 +584,23 @@ static int moe(lks_model *m, const layer_w *L, lks_tensor x, lks_tensor h, int n
     m->exp_w[at] = m->route_w[i];
   }
   // cnt[e] now holds the end of expert e's range; its start is the previous end. Only this
-  // rank's block of experts runs here; the others' contributions arrive in the all-reduce.
-  int e_lo = m->sh.e0, e_hi = m->sh.e0 + m->sh.n_experts;
+  // rank's block of experts runs here; the others' contributions arrive in the all-reduce. All
+  // of them and the shared expert go to the backend at once (one parallel phase each for the
+  // gate/up and the down products on the CPU), in the order of one call per expert.
+  int e_lo = m->sh.e0, e_hi = m->sh.e0 + m->sh.n_experts, n_calls = 0;
   for (int e = 0, start = 0; e < c->n_experts; e++) {
     int end = cnt[e];
     if (end > start && e >= e_lo && e < e_hi) {
       const ffn_w *f = &L->experts[e];
-      LKS_TRY(be->ops->expert(be, x, h, m->exp_rows + start, m->exp_w + start, end - start,
-                              f->gate, f->up, f->down));
+      m->exp_calls[n_calls++] = (lks_expert_call){f->gate, f->up, f->down, m->exp_rows + start,
+                                                  m->exp_w + start, end - start};
     }
     start = end;
   }
   if (c->n_shared > 0)
-    LKS_TRY(be->ops->expert(be, x, h, NULL, NULL, n, L->shared.gate, L->shared.up,
-                            L->shared.down));
-  return 0;
+    m->exp_calls[n_calls++] =
+        (lks_expert_call){L->shared.gate, L->shared.up, L->shared.down, NULL, NULL, n};
+  return lks_backend_experts(be, x, h, m->exp_calls, n_calls);
 }
 
 // Sums the partial results of every rank into x (a no-op at world 1).

@@ -1,12 +1,22 @@
 // SPDX-License-Identifier: MIT
-// Sampling (see sample.h).
+// Sampling (see sample.h). At real vocabulary sizes (~150k) nothing here sorts the vocabulary:
+// top-k keeps the k best in a heap during one scan; top-p alone bins the tokens by
+// (max - l) / T, finds the bin where the mass reaches top_p and sorts only that bin's tokens; the
+// weights exp((l - max) / T) come from one vectorisable pass in float, summed in double. Ordering
+// is by logit, ties to the lower id; the draw walks the kept tokens in id order, so a seed gives
+// the same tokens as a full sort would. No global state: safe to call from several threads at once.
 #include "model/sample.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
@@ -34,18 +44,251 @@ uint64_t lks_rng_next(lks_rng *r) {
 
 double lks_rng_uniform(lks_rng *r) { return (double)(lks_rng_next(r) >> 11) * 0x1.0p-53; }
 
+// The largest value (SSE in four independent lanes where the target has it), then the first index
+// holding it; NaNs, which the maximum cannot be found among, take the plain scan.
 int lks_argmax(const float *x, int n) {
+  int i = 0;
+  float m = x[0];
+#if defined(__SSE2__)
+  __m128 a = _mm_set1_ps(x[0]), b = a, c = a, d = a;
+  for (; i + 16 <= n; i += 16) {
+    a = _mm_max_ps(a, _mm_loadu_ps(x + i));
+    b = _mm_max_ps(b, _mm_loadu_ps(x + i + 4));
+    c = _mm_max_ps(c, _mm_loadu_ps(x + i + 8));
+    d = _mm_max_ps(d, _mm_loadu_ps(x + i + 12));
+  }
+  float lanes[4];
+  _mm_storeu_ps(lanes, _mm_max_ps(_mm_max_ps(a, b), _mm_max_ps(c, d)));
+  for (int j = 0; j < 4; j++) m = lanes[j] > m ? lanes[j] : m;
+#endif
+  for (; i < n; i++) m = x[i] > m ? x[i] : m;
+  for (i = 0; i < n; i++)
+    if (x[i] == m) return i;
   int best = 0;
-  for (int i = 1; i < n; i++)
+  for (i = 1; i < n; i++)
     if (x[i] > x[best]) best = i;
   return best;
 }
 
-static const float *sort_keys;
-static int by_logit_desc(const void *a, const void *b) {
-  int i = *(const int *)a, j = *(const int *)b;
-  if (sort_keys[i] != sort_keys[j]) return sort_keys[i] > sort_keys[j] ? -1 : 1;
-  return i - j;
+// exp(x) in float for x <= 0 (larger x is not asked for: x = (l - max) / T), relative error
+// below 2e-7; 0 below -87. Branch-free so that the loop below vectorises; compiled without FMA
+// contraction, so each of its target clones (wider vectors where the CPU has them) gives the same
+// bits as the generic one.
+static inline float exp_le0(float x) {
+  const float log2e = 1.44269504f, ln2_hi = 0.693145752f, ln2_lo = 1.42860677e-6f;
+  float xc = x < -87.0f ? -87.0f : x;
+  float n = (xc * log2e + 12582912.0f) - 12582912.0f;  // round to nearest
+  float r = (xc - n * ln2_hi) - n * ln2_lo;            // |r| <= ln2 / 2
+  float p = 1.0f / 5040;
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  int32_t bits = ((int32_t)n + 127) << 23;
+  float scale;
+  memcpy(&scale, &bits, 4);
+  return x < -87.0f ? 0.0f : p * scale;
+}
+
+// w[i] = exp((l[i] - mx) * inv_t) for i < n; returns their sum in double, in a fixed order (eight
+// interleaved partial sums, then a fixed tree), so it does not depend on the compiler.
+__attribute__((optimize("tree-vectorize", "fp-contract=off"),
+               target_clones("avx512f", "avx2", "default"))) static double
+weights(const float *l, int n, float mx, float inv_t, float *w) {
+  for (int i = 0; i < n; i++) w[i] = exp_le0((l[i] - mx) * inv_t);
+  double s[8] = {0};
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; j++) s[j] += w[i + j];
+  for (; i < n; i++) s[0] += w[i];
+  return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
+typedef struct {
+  float l;
+  int i;
+} cand;
+
+// a ranks below b: smaller logit, or the same logit and a larger id.
+static inline bool below(cand a, cand b) { return a.l < b.l || (a.l == b.l && a.i > b.i); }
+
+static int by_rank(const void *pa, const void *pb) {
+  cand a = *(const cand *)pa, b = *(const cand *)pb;
+  return below(a, b) ? 1 : below(b, a) ? -1 : 0;
+}
+
+static int by_id(const void *pa, const void *pb) {
+  return ((const cand *)pa)->i - ((const cand *)pb)->i;
+}
+
+static void sift_down(cand *h, int n, int at) {
+  for (;;) {
+    int c = 2 * at + 1;
+    if (c >= n) return;
+    if (c + 1 < n && below(h[c + 1], h[c])) c++;
+    if (!below(h[c], h[at])) return;
+    cand t = h[c];
+    h[c] = h[at];
+    h[at] = t;
+    at = c;
+  }
+}
+
+// The k best of V logits into out[0..k), best first: a min-heap of the best so far, one scan.
+// Ids grow during the scan, so a later equal logit never displaces an earlier one.
+static void top_k(const float *l, int V, int k, cand *out) {
+  for (int i = 0; i < k; i++) out[i] = (cand){l[i], i};
+  for (int i = k / 2 - 1; i >= 0; i--) sift_down(out, k, i);
+  for (int i = k; i < V; i++)
+    if (l[i] > out[0].l) {
+      out[0] = (cand){l[i], i};
+      sift_down(out, k, 0);
+    }
+  qsort(out, (size_t)k, sizeof *out, by_rank);
+}
+
+// The kept tokens and their final probabilities, the distribution both entry points use: dense
+// (every token, probability (float)(w[id] / sum)) or a list of kept ids, ascending. Owns its
+// arrays.
+typedef struct {
+  int n;       // kept tokens
+  cand *c;     // [n] for a list: .i the id, .l its probability; NULL when dense
+  float *w;    // dense: [V] weights
+  double sum;  // dense: their sum
+} kept_set;
+
+static void kept_free(kept_set *k) {
+  free(k->c);
+  free(k->w);
+}
+
+enum { BINS = 2048, BINS_PER_UNIT = 64 };  // bins of (max - l) / T: 1/64 wide, the last open
+
+// bins[i] = the bin of token i, in one vectorisable pass.
+__attribute__((optimize("tree-vectorize"))) static void bin_all(const float *l, int V, float mx,
+                                                                float inv_t, uint16_t *bins) {
+  for (int i = 0; i < V; i++) {
+    float d = (mx - l[i]) * inv_t * BINS_PER_UNIT;
+    bins[i] = (uint16_t)(d < (float)(BINS - 1) ? (int)d : BINS - 1);
+  }
+}
+
+// Top-p over the whole vocabulary without sorting it: the mass of each bin of (max - l) / T finds
+// the bin where the cumulative mass reaches top_p; only that bin's tokens are sorted. Fills the
+// list of out (ids ascending, unnormalised weights in .l) and returns its length, or -1 when out
+// of memory.
+static int nucleus_by_bins(const float *l, int V, float mx, float inv_t, const float *w, double sum,
+                           double top_p, cand **out) {
+  double *mass = calloc(BINS, sizeof *mass);
+  int *count = calloc(BINS, sizeof *count);
+  uint16_t *bins = malloc((size_t)V * sizeof *bins);
+  cand *c = NULL;
+  if (!mass || !count || !bins) goto oom;
+  bin_all(l, V, mx, inv_t, bins);
+  for (int i = 0; i < V; i++) {
+    mass[bins[i]] += w[i];
+    count[bins[i]]++;
+  }
+  double acc = 0;
+  int cut = 0, n = 0;
+  for (; cut < BINS - 1; cut++) {
+    if (acc + mass[cut] / sum >= top_p) break;
+    acc += mass[cut] / sum;
+    n += count[cut];
+  }
+  // The cut bin's tokens best first; the prefix of them that reaches top_p.
+  c = malloc((size_t)(n + count[cut]) * sizeof *c);
+  if (!c) goto oom;
+  cand *edge = c + n;
+  int ne = 0;
+  for (int i = 0; i < V; i++)
+    if (bins[i] == cut) edge[ne++] = (cand){l[i], i};
+  qsort(edge, (size_t)ne, sizeof *edge, by_rank);
+  int take = 0;
+  while (take < ne) {
+    acc += w[edge[take].i] / sum;
+    take++;
+    if (acc >= top_p) break;
+  }
+  if (n == 0 && take == 0) take = 1;  // at least one token
+  // The kept tokens in id order: the bins before the cut, and the taken ones of the cut bin
+  // (marked with the bin number BINS, which no bin has).
+  for (int j = 0; j < take; j++) bins[edge[j].i] = BINS;
+  int k = 0;
+  for (int i = 0; i < V; i++)
+    if (bins[i] < cut || bins[i] == BINS) c[k++] = (cand){w[i], i};
+  free(mass);
+  free(count);
+  free(bins);
+  *out = c;
+  return k;
+oom:
+  free(mass);
+  free(count);
+  free(bins);
+  free(c);
+  return -1;
+}
+
+static int keep(const float *l, int V, const lks_sampling *p, kept_set *out) {
+  *out = (kept_set){0};
+  float inv_t = 1.0f / p->temperature;
+  bool limit_k = p->top_k > 0 && p->top_k < V, limit_p = p->top_p < 1.0f;
+  int m;
+  if (!limit_k) {
+    out->w = malloc((size_t)V * sizeof *out->w);
+    if (!out->w) goto oom;
+    float mx = l[lks_argmax(l, V)];
+    out->sum = weights(l, V, mx, inv_t, out->w);
+    if (!limit_p) {  // every token: no ordering needed at all
+      out->n = V;
+      return 0;
+    }
+    m = nucleus_by_bins(l, V, mx, inv_t, out->w, out->sum, p->top_p, &out->c);
+    if (m < 0) goto oom;
+    free(out->w);
+    out->w = NULL;
+  } else {
+    // The top k, best first, and their weights; then the nucleus of those.
+    int k = p->top_k;
+    out->c = malloc((size_t)k * sizeof *out->c);
+    float *lk = malloc((size_t)k * sizeof *lk), *w = malloc((size_t)k * sizeof *w);
+    if (!out->c || !lk || !w) {
+      free(lk);
+      free(w);
+      goto oom;
+    }
+    top_k(l, V, k, out->c);
+    for (int j = 0; j < k; j++) lk[j] = out->c[j].l;
+    double sum = weights(lk, k, lk[0], inv_t, w);
+    m = k;
+    if (limit_p) {
+      double acc = 0;
+      m = 0;
+      while (m < k) {
+        acc += w[m] / sum;
+        m++;
+        if (acc >= p->top_p) break;
+      }
+    }
+    for (int j = 0; j < m; j++) out->c[j].l = w[j];
+    free(lk);
+    free(w);
+    qsort(out->c, (size_t)m, sizeof *out->c, by_id);
+  }
+  // The kept list (in id order) renormalised over itself.
+  double s2 = 0;
+  for (int j = 0; j < m; j++) s2 += out->c[j].l;
+  for (int j = 0; j < m; j++) out->c[j].l = (float)(out->c[j].l / s2);
+  out->n = m;
+  return 0;
+oom:
+  kept_free(out);
+  *out = (kept_set){0};
+  return lks_set_error(LKS_ENOMEM, "sampling: out of memory");
 }
 
 int lks_sampling_probs(const float *logits, int V, const lks_sampling *p, float *probs) {
@@ -54,53 +297,33 @@ int lks_sampling_probs(const float *logits, int V, const lks_sampling *p, float 
     probs[lks_argmax(logits, V)] = 1.0f;
     return 0;
   }
-  int *idx = malloc((size_t)V * sizeof *idx);
-  if (!idx) return lks_set_error(LKS_ENOMEM, "sampling: out of memory");
-  for (int i = 0; i < V; i++) idx[i] = i;
-  sort_keys = logits;  // single-threaded use: the model runs on one thread
-  qsort(idx, (size_t)V, sizeof *idx, by_logit_desc);
-  int keep = p->top_k > 0 && p->top_k < V ? p->top_k : V;
-  double mx = logits[idx[0]], sum = 0;
-  for (int i = 0; i < keep; i++) sum += exp(((double)logits[idx[i]] - mx) / p->temperature);
-  // Nucleus: the smallest prefix whose mass reaches top_p (at least one token).
-  if (p->top_p < 1.0f) {
-    double acc = 0;
-    int k = 0;
-    while (k < keep) {
-      acc += exp(((double)logits[idx[k]] - mx) / p->temperature) / sum;
-      k++;
-      if (acc >= p->top_p) break;
-    }
-    keep = k;
-    sum = 0;
-    for (int i = 0; i < keep; i++) sum += exp(((double)logits[idx[i]] - mx) / p->temperature);
-  }
-  for (int i = 0; i < keep; i++)
-    probs[idx[i]] = (float)(exp(((double)logits[idx[i]] - mx) / p->temperature) / sum);
-  free(idx);
+  kept_set k;
+  LKS_TRY(keep(logits, V, p, &k));
+  if (k.c)
+    for (int j = 0; j < k.n; j++) probs[k.c[j].i] = k.c[j].l;
+  else
+    for (int i = 0; i < V; i++) probs[i] = (float)(k.w[i] / k.sum);
+  kept_free(&k);
   return 0;
 }
 
 int lks_sample(const float *logits, int V, const lks_sampling *p, lks_rng *rng) {
   if (p->temperature <= 0) return lks_argmax(logits, V);
-  float *probs = malloc((size_t)V * sizeof *probs);
-  if (!probs) return lks_set_error(LKS_ENOMEM, "sampling: out of memory");
-  int rc = lks_sampling_probs(logits, V, p, probs);
-  if (rc < 0) {
-    free(probs);
-    return rc;
-  }
+  kept_set k;
+  LKS_TRY(keep(logits, V, p, &k));
+  // The walk in id order over the kept probabilities that lks_sampling_probs returns.
   double u = lks_rng_uniform(rng), acc = 0;
   int tok = -1, last = 0;
-  for (int i = 0; i < V; i++) {
-    if (probs[i] <= 0) continue;
-    last = i;
-    acc += probs[i];
+  for (int j = 0; j < k.n; j++) {
+    float pj = k.c ? k.c[j].l : (float)(k.w[j] / k.sum);
+    if (pj <= 0) continue;
+    last = k.c ? k.c[j].i : j;
+    acc += pj;
     if (u < acc) {
-      tok = i;
+      tok = last;
       break;
     }
   }
-  free(probs);
+  kept_free(&k);
   return tok >= 0 ? tok : last;  // rounding left u above the total: the last kept token
 }

@@ -2,7 +2,8 @@
 // The CPU backend against plain implementations written here, in double precision, from the
 // definitions of backend.h and MODEL.md section 2: every op on random inputs with a relative
 // error bound (max |got - ref| / max |ref|; a NaN or infinity always fails), the SIMD dot
-// kernels of every level this CPU has, bitwise equality of results across thread counts, and
+// kernels of every level this CPU has, bitwise equality of results across thread counts and
+// across batches (each row as computed alone, on every SIMD level), and
 // the thread pool with sums that are exactly known.
 #include <check.h>
 #include <math.h>
@@ -24,7 +25,7 @@
 
 // ---- fixture: backends, and every buffer and host array a test makes, freed in teardown ----
 
-enum { MAX_OWNED = 1024 };
+enum { MAX_OWNED = 4096 };
 static lks_backend *be;  // 2 threads: the pool is exercised by every op test
 static lks_backend *extra_be[4];
 static struct {
@@ -302,6 +303,44 @@ START_TEST(test_dot_kernels) {
   }
   ck_assert_int_ge(tested, 1);
   ck_assert_ptr_null(lks__cpu_kernels_get("sse9"));
+}
+END_TEST
+
+// The blocked kernels give, element for element, the bits of the single dot product, for block
+// shapes that end mid-block in both directions and for strided rows.
+START_TEST(test_mm_kernels_match_dot) {
+  static const char *levels[] = {"scalar", "avx2", "avx512"};
+  static const int64_t ms[] = {1, 3, 4, 8, 13}, ns[] = {1, 2, 3, 4, 5, 9};
+  static const int64_t ks[] = {1, 15, 16, 17, 48, 100};
+  uint64_t rng = 4321;
+  const int64_t ld = 110;
+  float *wf = randv(&rng, (size_t)(13 * ld), 1.0f), *x = randv(&rng, (size_t)(9 * ld), 1.0f);
+  uint16_t *wb = encode(LKS_BF16, wf, (size_t)(13 * ld), NULL);
+  float *out = TNEW(float, 9 * 20);
+  for (int l = 0; l < 3; l++) {
+    const lks__cpu_kernels *k = lks__cpu_kernels_get(levels[l]);
+    if (!k) continue;
+    for (int mi = 0; mi < 5; mi++)
+      for (int ni = 0; ni < 6; ni++)
+        for (int ki = 0; ki < 6; ki++) {
+          int64_t m = ms[mi], n = ns[ni], K = ks[ki];
+          for (int bf = 0; bf < 2; bf++) {
+            if (bf)
+              k->mm_bf16(wb, ld, m, x, ld, n, K, out, 20);
+            else
+              k->mm_f32(wf, ld, m, x, ld, n, K, out, 20);
+            for (int64_t t = 0; t < n; t++)
+              for (int64_t r = 0; r < m; r++) {
+                float d = bf ? k->dot_bf16(wb + r * ld, x + t * ld, K)
+                             : k->dot_f32(wf + r * ld, x + t * ld, K);
+                ck_assert_msg(memcmp(&d, &out[t * 20 + r], 4) == 0,
+                              "%s mm_%s m=%lld n=%lld K=%lld: (%lld, %lld) %.9g, dot %.9g",
+                              k->name, bf ? "bf16" : "f32", (long long)m, (long long)n,
+                              (long long)K, (long long)t, (long long)r, out[t * 20 + r], d);
+              }
+          }
+        }
+  }
   ck_assert_ptr_nonnull(lks__cpu_kernels_best());
 }
 END_TEST
@@ -1020,6 +1059,308 @@ START_TEST(test_threads_bitwise) {
 }
 END_TEST
 
+// ---- batch invariance: a row's result does not depend on the other rows of its batch ----
+
+// What keeps greedy output identical with and without speculation and under load: every op
+// computes each row with the same arithmetic whatever the batch size and its other rows. Each op
+// runs on a batch, on the same rows in reverse order, and on every row alone (a one-row view);
+// results must agree bitwise. Case _i is the SIMD level (LKS_SIMD); a level this CPU lacks is
+// skipped with a note.
+static const char *bi_levels[] = {"scalar", "avx2", "avx512"};
+static const int bi_rows[] = {1, 2, 31, 32, 33, 64, 65};
+static const int64_t bi_k[] = {48, 80, 100, 4097};
+enum { BI_NROWS = sizeof bi_rows / sizeof bi_rows[0], BI_NK = sizeof bi_k / sizeof bi_k[0] };
+
+static lks_backend *bi_backend(int level) {
+  if (!lks__cpu_kernels_get(bi_levels[level])) {
+    fprintf(stderr, "check_backend_cpu: batch invariance: level %s not available here\n",
+            bi_levels[level]);
+    return NULL;
+  }
+  setenv("LKS_SIMD", bi_levels[level], 1);
+  lks_backend *b = new_backend(2);
+  unsetenv("LKS_SIMD");
+  return b;
+}
+
+// Row r of `batch` against row r of `alone` and row n-1-r of `rev`, bitwise.
+static void bi_compare(const float *batch, const float *alone, const float *rev, int n,
+                       int64_t cols, const char *what, int level, int64_t k) {
+  for (int r = 0; r < n; r++) {
+    ck_assert_msg(memcmp(batch + r * cols, alone + r * cols, (size_t)cols * sizeof(float)) == 0,
+                  "%s (%s, K %lld): row %d of a batch of %d differs from the row alone", what,
+                  bi_levels[level], (long long)k, r, n);
+    if (rev)
+      ck_assert_msg(
+          memcmp(batch + r * cols, rev + (n - 1 - r) * cols, (size_t)cols * sizeof(float)) == 0,
+          "%s (%s, K %lld): row %d of a batch of %d differs in the reversed batch", what,
+          bi_levels[level], (long long)k, r, n);
+  }
+}
+
+static float *bi_reverse(const float *x, int n, int64_t cols) {
+  float *r = TNEW(float, n *cols);
+  for (int i = 0; i < n; i++)
+    memcpy(r + (n - 1 - i) * cols, x + i * cols, (size_t)cols * sizeof(float));
+  return r;
+}
+
+START_TEST(test_batch_invariance_matmul) {
+  lks_backend *b = bi_backend(_i);
+  if (!b) return;
+  const int64_t M = 37;  // odd: tasks end mid-block
+  for (int ki = 0; ki < BI_NK; ki++)
+    for (int d = 0; d < 3; d++) {
+      int64_t K = bi_k[ki];
+      uint64_t rng = 5000 + (uint64_t)(ki * 3 + d);
+      float *wf = randv(&rng, (size_t)(M * K), 1.0f), *bh = randv(&rng, (size_t)M, 1.0f);
+      lks_tensor w = upload(b, mm_dtypes[d], M, K, encode(mm_dtypes[d], wf, (size_t)(M * K), NULL));
+      lks_tensor bias = upload(b, LKS_F32, 1, M, bh);
+      for (int ni = 0; ni < BI_NROWS; ni++) {
+        int n = bi_rows[ni];
+        float *xh = randv(&rng, (size_t)(n * K), 2.0f), *oh = randv(&rng, (size_t)(n * M), 1.0f);
+        for (int acc = 0; acc < 2; acc++) {
+          lks_tensor x = upload(b, LKS_F32, n, K, xh),
+                     xr = upload(b, LKS_F32, n, K, bi_reverse(xh, n, K));
+          lks_tensor o = upload(b, LKS_F32, n, M, oh), oa = upload(b, LKS_F32, n, M, oh);
+          lks_tensor orv = upload(b, LKS_F32, n, M, bi_reverse(oh, n, M));
+          lks_tensor bb = acc ? bias : (lks_tensor){0};
+          ck_assert_int_eq(b->ops->matmul(b, o, x, w, bb, acc), 0);
+          ck_assert_int_eq(b->ops->matmul(b, orv, xr, w, bb, acc), 0);
+          for (int r = 0; r < n; r++)
+            ck_assert_int_eq(
+                b->ops->matmul(b, lks_tensor_rows(oa, r, 1), lks_tensor_rows(x, r, 1), w, bb, acc),
+                0);
+          char what[64];
+          snprintf(what, sizeof what, "matmul %s acc=%d", lks_dtype_name(mm_dtypes[d]), acc);
+          bi_compare(download(b, o), download(b, oa), download(b, orv), n, M, what, _i, K);
+        }
+      }
+    }
+}
+END_TEST
+
+START_TEST(test_batch_invariance_expert) {
+  lks_backend *b = bi_backend(_i);
+  if (!b) return;
+  const int64_t H = 80, R = 70;
+  static const int64_t inter[] = {48, 100};
+  for (int ii = 0; ii < 2; ii++)
+    for (int d = 0; d < 3; d++) {
+      int64_t I = inter[ii];
+      uint64_t rng = 6000 + (uint64_t)(ii * 3 + d);
+      lks_dtype dt = mm_dtypes[d];
+      lks_tensor g = upload(b, dt, I, H,
+                            encode(dt, randv(&rng, (size_t)(I * H), 0.5f), (size_t)(I * H), NULL));
+      lks_tensor u = upload(b, dt, I, H,
+                            encode(dt, randv(&rng, (size_t)(I * H), 0.5f), (size_t)(I * H), NULL));
+      lks_tensor dn = upload(b, dt, H, I,
+                             encode(dt, randv(&rng, (size_t)(H * I), 0.5f), (size_t)(H * I), NULL));
+      float *xh = randv(&rng, (size_t)(R * H), 2.0f), *oh = randv(&rng, (size_t)(R * H), 1.0f);
+      float *wts = randv(&rng, (size_t)R, 1.5f);
+      lks_tensor x = upload(b, LKS_F32, R, H, xh);
+      for (int ni = 0; ni < BI_NROWS; ni++) {
+        int n = bi_rows[ni];
+        // Rows of x in a scattered order, each at most once; and the same in reverse.
+        int32_t *rows = TNEW(int32_t, n), *rrows = TNEW(int32_t, n);
+        float *rw = TNEW(float, n);
+        for (int i = 0; i < n; i++) rows[i] = (int32_t)((i * 37 + ni) % R);
+        for (int i = 0; i < n; i++) {
+          rrows[i] = rows[n - 1 - i];
+          rw[i] = wts[n - 1 - i];
+        }
+        lks_tensor o = upload(b, LKS_F32, R, H, oh), oa = upload(b, LKS_F32, R, H, oh);
+        lks_tensor orv = upload(b, LKS_F32, R, H, oh);
+        ck_assert_int_eq(b->ops->expert(b, o, x, rows, wts, n, g, u, dn), 0);
+        ck_assert_int_eq(b->ops->expert(b, orv, x, rrows, rw, n, g, u, dn), 0);
+        for (int i = 0; i < n; i++)
+          ck_assert_int_eq(b->ops->expert(b, oa, x, rows + i, wts + i, 1, g, u, dn), 0);
+        char what[64];
+        snprintf(what, sizeof what, "expert %s I=%lld n=%d", lks_dtype_name(dt), (long long)I, n);
+        // Rows of x, not of the batch: compare whole outputs (untouched rows are equal too).
+        bi_compare(download(b, o), download(b, oa), NULL, 1, R * H, what, _i, I);
+        bi_compare(download(b, o), download(b, orv), NULL, 1, R * H, what, _i, I);
+        // Without a row list: rows 0..n-1 in a batch against each alone.
+        lks_tensor p = upload(b, LKS_F32, n, H, oh), pa = upload(b, LKS_F32, n, H, oh);
+        lks_tensor xs = lks_tensor_rows(x, 0, n);
+        ck_assert_int_eq(b->ops->expert(b, p, xs, NULL, NULL, n, g, u, dn), 0);
+        for (int i = 0; i < n; i++)
+          ck_assert_int_eq(b->ops->expert(b, lks_tensor_rows(pa, i, 1), lks_tensor_rows(xs, i, 1),
+                                          NULL, NULL, 1, g, u, dn),
+                           0);
+        bi_compare(download(b, p), download(b, pa), NULL, n, H, what, _i, I);
+      }
+    }
+}
+END_TEST
+
+// The experts op (a MoE layer's experts at once) against the expert op called once per expert
+// in order: bitwise, with routed experts on scattered rows and a shared expert on all of them.
+START_TEST(test_experts_match_expert_calls) {
+  lks_backend *b = bi_backend(_i);
+  if (!b) return;
+  const int64_t H = 80, R = 33;
+  static const int64_t inter[] = {48, 100, 24};
+  for (int d = 0; d < 3; d++) {
+    lks_dtype dt = mm_dtypes[d];
+    uint64_t rng = 6500 + (uint64_t)d;
+    lks_expert_call calls[4];
+    for (int e = 0; e < 4; e++) {
+      int64_t I = inter[e % 3];
+      calls[e].gate = upload(b, dt, I, H,
+                             encode(dt, randv(&rng, (size_t)(I * H), 0.5f), (size_t)(I * H), NULL));
+      calls[e].up = upload(b, dt, I, H,
+                           encode(dt, randv(&rng, (size_t)(I * H), 0.5f), (size_t)(I * H), NULL));
+      calls[e].down = upload(b, dt, H, I,
+                             encode(dt, randv(&rng, (size_t)(H * I), 0.5f), (size_t)(H * I), NULL));
+      int n = e == 3 ? (int)R : 1 + e * 9;
+      int32_t *rows = TNEW(int32_t, n);
+      for (int i = 0; i < n; i++) rows[i] = (int32_t)((i * 7 + e) % R);
+      calls[e].rows = e == 3 ? NULL : rows;
+      calls[e].weights = e == 3 ? NULL : randv(&rng, (size_t)n, 1.5f);
+      calls[e].n = n;
+    }
+    float *xh = randv(&rng, (size_t)(R * H), 2.0f), *oh = randv(&rng, (size_t)(R * H), 1.0f);
+    lks_tensor x = upload(b, LKS_F32, R, H, xh);
+    lks_tensor o = upload(b, LKS_F32, R, H, oh), os = upload(b, LKS_F32, R, H, oh);
+    ck_assert_int_eq(lks_backend_experts(b, o, x, calls, 4), 0);
+    for (int e = 0; e < 4; e++)
+      ck_assert_int_eq(b->ops->expert(b, os, x, calls[e].rows, calls[e].weights, calls[e].n,
+                                      calls[e].gate, calls[e].up, calls[e].down),
+                       0);
+    bi_compare(download(b, o), download(b, os), NULL, (int)R, H, "experts vs expert calls", _i, H);
+  }
+}
+END_TEST
+
+// Norms, rope, routing, arg-max, embedding, gathers and attention, batch against alone.
+START_TEST(test_batch_invariance_rowwise) {
+  lks_backend *b = bi_backend(_i);
+  if (!b) return;
+  for (int ki = 0; ki < BI_NK; ki++)
+    for (int ni = 0; ni < BI_NROWS; ni++) {
+      int64_t K = bi_k[ki];
+      int n = bi_rows[ni];
+      uint64_t rng = 7000 + (uint64_t)(ki * BI_NROWS + ni);
+      float *xh = randv(&rng, (size_t)(n * K), 3.0f), *xrh = bi_reverse(xh, n, K);
+      float *wh = randv(&rng, (size_t)K, 1.0f);
+      lks_tensor w = upload(b, LKS_BF16, 1, K, encode(LKS_BF16, wh, (size_t)K, NULL));
+      // rmsnorm
+      lks_tensor x = upload(b, LKS_F32, n, K, xh), xr = upload(b, LKS_F32, n, K, xrh);
+      lks_tensor o = upload(b, LKS_F32, n, K, NULL), orv = upload(b, LKS_F32, n, K, NULL);
+      lks_tensor oa = upload(b, LKS_F32, n, K, NULL);
+      ck_assert_int_eq(b->ops->rmsnorm(b, o, x, w, 1e-5f), 0);
+      ck_assert_int_eq(b->ops->rmsnorm(b, orv, xr, w, 1e-5f), 0);
+      for (int r = 0; r < n; r++)
+        ck_assert_int_eq(
+            b->ops->rmsnorm(b, lks_tensor_rows(oa, r, 1), lks_tensor_rows(x, r, 1), w, 1e-5f), 0);
+      bi_compare(download(b, o), download(b, oa), download(b, orv), n, K, "rmsnorm", _i, K);
+      // rope over heads of 16 (K rounded down to whole heads), positions by row
+      int64_t hk = K / 16 * 16;
+      int32_t *pos = TNEW(int32_t, n), *rpos = TNEW(int32_t, n);
+      for (int r = 0; r < n; r++) pos[r] = (int32_t)(r * 97 % 4096);
+      for (int r = 0; r < n; r++) rpos[r] = pos[n - 1 - r];
+      lks_tensor y = lks_tensor_cols(upload(b, LKS_F32, n, K, xh), 0, hk);
+      lks_tensor yr = lks_tensor_cols(upload(b, LKS_F32, n, K, xrh), 0, hk);
+      lks_tensor ya = lks_tensor_cols(upload(b, LKS_F32, n, K, xh), 0, hk);
+      ck_assert_int_eq(b->ops->rope(b, y, 16, 16, 1e6f, LKS_ROPE_HALF_SPLIT, pos), 0);
+      ck_assert_int_eq(b->ops->rope(b, yr, 16, 16, 1e6f, LKS_ROPE_HALF_SPLIT, rpos), 0);
+      for (int r = 0; r < n; r++)
+        ck_assert_int_eq(
+            b->ops->rope(b, lks_tensor_rows(ya, r, 1), 16, 16, 1e6f, LKS_ROPE_HALF_SPLIT, pos + r),
+            0);
+      bi_compare(download(b, y), download(b, ya), download(b, yr), n, hk, "rope", _i, K);
+      // arg-max
+      int32_t *idx = TNEW(int32_t, n), *ridx = TNEW(int32_t, n), one;
+      float *val = TNEW(float, n), *rval = TNEW(float, n), v1;
+      ck_assert_int_eq(b->ops->argmax(b, x, idx, val), 0);
+      ck_assert_int_eq(b->ops->argmax(b, xr, ridx, rval), 0);
+      for (int r = 0; r < n; r++) {
+        ck_assert_int_eq(b->ops->argmax(b, lks_tensor_rows(x, r, 1), &one, &v1), 0);
+        ck_assert_int_eq(idx[r], one);
+        ck_assert_int_eq(ridx[n - 1 - r], one);
+        ck_assert(memcmp(&val[r], &v1, 4) == 0 && memcmp(&rval[n - 1 - r], &v1, 4) == 0);
+      }
+      // embedding and gather: copies, checked for completeness
+      int32_t *ids = TNEW(int32_t, n);
+      for (int r = 0; r < n; r++) ids[r] = (int32_t)((r * 13) % n);
+      lks_tensor e = upload(b, LKS_F32, n, K, NULL), ea = upload(b, LKS_F32, n, K, NULL);
+      lks_tensor ga = upload(b, LKS_F32, n, K, NULL), gb = upload(b, LKS_F32, n, K, NULL);
+      lks_tensor table = upload(b, LKS_BF16, n, K, encode(LKS_BF16, xh, (size_t)(n * K), NULL));
+      ck_assert_int_eq(b->ops->embed(b, e, table, ids), 0);
+      ck_assert_int_eq(b->ops->gather_rows(b, ga, x, ids), 0);
+      for (int r = 0; r < n; r++) {
+        ck_assert_int_eq(b->ops->embed(b, lks_tensor_rows(ea, r, 1), table, ids + r), 0);
+        ck_assert_int_eq(b->ops->gather_rows(b, lks_tensor_rows(gb, r, 1), x, ids + r), 0);
+      }
+      bi_compare(download(b, e), download(b, ea), NULL, n, K, "embed", _i, K);
+      bi_compare(download(b, ga), download(b, gb), NULL, n, K, "gather_rows", _i, K);
+    }
+  // Routing: rows of logits over 160 experts, with and without groups.
+  const lks_route_params rp[] = {{160, 8, 1, 1, true, 2.5f}, {64, 6, 8, 3, false, 1.0f}};
+  for (int pi = 0; pi < 2; pi++)
+    for (int ni = 0; ni < BI_NROWS; ni++) {
+      int n = bi_rows[ni], E = rp[pi].n_experts, k = rp[pi].top_k;
+      uint64_t rng = 7500 + (uint64_t)(pi * BI_NROWS + ni);
+      float *lh = randv(&rng, (size_t)(n * E), 4.0f), *bh = randv(&rng, (size_t)E, 0.3f);
+      lks_tensor l = upload(b, LKS_F32, n, E, lh),
+                 lr = upload(b, LKS_F32, n, E, bi_reverse(lh, n, E));
+      lks_tensor bias = upload(b, LKS_F32, 1, E, bh);
+      int32_t *ids = TNEW(int32_t, n * k), *rids = TNEW(int32_t, n * k), *aid = TNEW(int32_t, k);
+      float *wt = TNEW(float, n *k), *rwt = TNEW(float, n *k), *aw = TNEW(float, k);
+      ck_assert_int_eq(b->ops->route(b, l, bias, &rp[pi], ids, wt), 0);
+      ck_assert_int_eq(b->ops->route(b, lr, bias, &rp[pi], rids, rwt), 0);
+      for (int r = 0; r < n; r++) {
+        ck_assert_int_eq(b->ops->route(b, lks_tensor_rows(l, r, 1), bias, &rp[pi], aid, aw), 0);
+        ck_assert_mem_eq(ids + r * k, aid, (size_t)k * sizeof *aid);
+        ck_assert_mem_eq(wt + r * k, aw, (size_t)k * sizeof *aw);
+        ck_assert_mem_eq(rids + (n - 1 - r) * k, aid, (size_t)k * sizeof *aid);
+        ck_assert_mem_eq(rwt + (n - 1 - r) * k, aw, (size_t)k * sizeof *aw);
+      }
+    }
+  // Attention: head sizes 48 and 80, batches of rows at random (sequence, position), each row
+  // against itself alone.
+  static const int hds[] = {48, 80};
+  for (int hi = 0; hi < 2; hi++) {
+    attn_setup a = {.n_heads = 4, .n_kv = 2, .hd = hds[hi]};
+    fill_cache(b, &a, 8000 + (uint64_t)hi);
+    int qd = a.n_heads * a.hd;
+    for (int ni = 0; ni < BI_NROWS; ni++) {
+      int n = bi_rows[ni];
+      uint64_t rng = 8100 + (uint64_t)(hi * BI_NROWS + ni);
+      int32_t *seq = TNEW(int32_t, n), *pos = TNEW(int32_t, n), *slot = TNEW(int32_t, n);
+      int32_t *rseq = TNEW(int32_t, n), *rpos = TNEW(int32_t, n), *rslot = TNEW(int32_t, n);
+      for (int r = 0; r < n; r++) {
+        seq[r] = (int32_t)(tu_rand(&rng) % NSEQ);
+        pos[r] = (int32_t)(tu_rand(&rng) % (uint64_t)seq_len[seq[r]]);
+        slot[r] = slot_of(seq[r], pos[r]);
+      }
+      for (int r = 0; r < n; r++) {
+        rseq[r] = seq[n - 1 - r];
+        rpos[r] = pos[n - 1 - r];
+        rslot[r] = slot[n - 1 - r];
+      }
+      float *qh = randv(&rng, (size_t)(n * qd), 3.0f);
+      lks_tensor q = upload(b, LKS_F32, n, qd, qh),
+                 qr = upload(b, LKS_F32, n, qd, bi_reverse(qh, n, qd));
+      lks_tensor ao = upload(b, LKS_F32, n, qd, NULL), ar = upload(b, LKS_F32, n, qd, NULL);
+      lks_tensor aa = upload(b, LKS_F32, n, qd, NULL);
+      lks_attn_rows rows = {n, seq, pos, slot, block_table, MAXB};
+      lks_attn_rows rrows = {n, rseq, rpos, rslot, block_table, MAXB};
+      ck_assert_int_eq(b->ops->attention(b, ao, q, &a.kv, &rows, a.n_heads, 0.125f), 0);
+      ck_assert_int_eq(b->ops->attention(b, ar, qr, &a.kv, &rrows, a.n_heads, 0.125f), 0);
+      for (int r = 0; r < n; r++) {
+        lks_attn_rows one = {1, seq + r, pos + r, slot + r, block_table, MAXB};
+        ck_assert_int_eq(b->ops->attention(b, lks_tensor_rows(aa, r, 1), lks_tensor_rows(q, r, 1),
+                                           &a.kv, &one, a.n_heads, 0.125f),
+                         0);
+      }
+      bi_compare(download(b, ao), download(b, aa), download(b, ar), n, qd, "attention", _i, a.hd);
+    }
+  }
+}
+END_TEST
+
 // ---- the thread pool ----
 
 enum { POOL_MAX_TASKS = 1000, POOL_MAX_THREADS = 8 };
@@ -1099,6 +1440,7 @@ static Suite *backend_suite(void) {
 
   tc = tcase("kernels", 60);
   tcase_add_test(tc, test_dot_kernels);
+  tcase_add_test(tc, test_mm_kernels_match_dot);
   suite_add_tcase(s, tc);
 
   tc = tcase("matmul", 60);
@@ -1129,6 +1471,13 @@ static Suite *backend_suite(void) {
   tc = tcase("threads", 120);
   tcase_add_test(tc, test_threads_bitwise);
   tcase_add_loop_test(tc, test_pool_sums, 0, 3);
+  suite_add_tcase(s, tc);
+
+  tc = tcase("batch_invariance", 240);
+  tcase_add_loop_test(tc, test_batch_invariance_matmul, 0, 3);
+  tcase_add_loop_test(tc, test_batch_invariance_expert, 0, 3);
+  tcase_add_loop_test(tc, test_experts_match_expert_calls, 0, 3);
+  tcase_add_loop_test(tc, test_batch_invariance_rowwise, 0, 3);
   suite_add_tcase(s, tc);
   return s;
 }

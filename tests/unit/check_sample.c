@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
 // Sampling against an independent implementation of softmax(logits / T), top-k and top-p
 // written here in double: the distribution lks_sampling_probs returns, and the empirical
-// frequencies of lks_sample (chi-square). Also the generator's known answers, seeding, greedy.
+// frequencies of lks_sample (chi-square). Also the generator's known answers, seeding, greedy,
+// and, at the vocabulary size of GLM (151,552), the same tokens for the same stream as a
+// straightforward sampler that sorts the whole vocabulary.
 #include <check.h>
 #include <math.h>
 #include <stdbool.h>
@@ -302,6 +304,100 @@ START_TEST(test_frequencies) {
 }
 END_TEST
 
+// ---- against a full sort at real vocabulary sizes ----
+
+typedef struct {
+  float l;
+  int i;
+} fs_pair;
+
+static int fs_cmp(const void *pa, const void *pb) {
+  const fs_pair *a = pa, *b = pb;
+  if (a->l != b->l) return a->l > b->l ? -1 : 1;
+  return a->i - b->i;
+}
+
+// The straightforward sampler: sort the whole vocabulary (largest first, ties to the lower id),
+// softmax in double over the top_k, the nucleus prefix, renormalised; probabilities as float.
+static void full_sort_probs(const float *logits, int V, const lks_sampling *s, float *probs) {
+  fs_pair *o = malloc((size_t)V * sizeof *o);
+  double *e = malloc((size_t)V * sizeof *e);
+  ck_assert(o && e);
+  for (int i = 0; i < V; i++) o[i] = (fs_pair){logits[i], i};
+  qsort(o, (size_t)V, sizeof *o, fs_cmp);
+  int keep = s->top_k > 0 && s->top_k < V ? s->top_k : V;
+  double sum = 0;
+  for (int i = 0; i < keep; i++) sum += e[i] = exp(((double)o[i].l - o[0].l) / s->temperature);
+  if (s->top_p < 1) {
+    double acc = 0;
+    int k = 0;
+    while (k < keep) {
+      acc += e[k++] / sum;
+      if (acc >= s->top_p) break;
+    }
+    keep = k;
+    sum = 0;
+    for (int i = 0; i < keep; i++) sum += e[i];
+  }
+  memset(probs, 0, (size_t)V * sizeof *probs);
+  for (int i = 0; i < keep; i++) probs[o[i].i] = (float)(e[i] / sum);
+  free(o);
+  free(e);
+}
+
+// The draw: the first token, in id order, whose cumulative probability exceeds u.
+static int full_sort_draw(const float *probs, int V, lks_rng *r) {
+  double u = lks_rng_uniform(r), acc = 0;
+  int last = 0;
+  for (int i = 0; i < V; i++) {
+    if (probs[i] <= 0) continue;
+    last = i;
+    acc += probs[i];
+    if (u < acc) return i;
+  }
+  return last;
+}
+
+static const struct {
+  int V;
+  float T;
+  int top_k;
+  float top_p;
+} fs_cases[] = {
+    {151552, 1.0f, 0, 1.0f},  {151552, 0.7f, 0, 0.95f}, {151552, 0.6f, 40, 1.0f},
+    {151552, 1.0f, 50, 0.9f}, {151552, 1.2f, 0, 0.5f},  {151552, 0.8f, 20000, 0.99f},
+    {151552, 1.0f, 1, 1.0f},  {1000, 1.0f, 0, 0.999f},  {7, 0.9f, 3, 0.8f},
+};
+
+// Logits like a language model's: a broad body and a few dozen much larger ones, with ties.
+START_TEST(test_full_sort_same_tokens) {
+  int V = fs_cases[_i].V;
+  lks_sampling s = {fs_cases[_i].T, fs_cases[_i].top_k, fs_cases[_i].top_p};
+  uint64_t g = 900 + (uint64_t)_i;
+  float *l = malloc((size_t)V * sizeof *l), *ref = malloc((size_t)V * sizeof *ref);
+  float *got = malloc((size_t)V * sizeof *got);
+  ck_assert(l && ref && got);
+  for (int i = 0; i < V; i++) l[i] = 3.0f * tu_randf(&g);
+  for (int i = 0; i < 40 && i < V; i++) l[tu_rand(&g) % (uint64_t)V] = 10.0f + 4.0f * tu_randf(&g);
+  for (int i = 0; i < 10 && i < V; i++) l[tu_rand(&g) % (uint64_t)V] = l[tu_rand(&g) % (uint64_t)V];
+  full_sort_probs(l, V, &s, ref);
+  ck_assert_int_eq(lks_sampling_probs(l, V, &s, got), 0);
+  for (int i = 0; i < V; i++)
+    ck_assert_msg((got[i] > 0) == (ref[i] > 0) && fabsf(got[i] - ref[i]) <= 1e-6f * ref[i] + 1e-12f,
+                  "case %d token %d: %.9g, full sort %.9g", _i, i, got[i], ref[i]);
+  lks_rng a, b;
+  lks_rng_seed(&a, 77 + (uint64_t)_i);
+  lks_rng_seed(&b, 77 + (uint64_t)_i);
+  for (int d = 0; d < 300; d++) {
+    int want = full_sort_draw(ref, V, &a), t = lks_sample(l, V, &s, &b);
+    ck_assert_msg(t == want, "case %d draw %d: token %d, full sort %d", _i, d, t, want);
+  }
+  free(l);
+  free(ref);
+  free(got);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("sample");
   TCase *tc = tcase_create("rng");
@@ -327,6 +423,12 @@ int main(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_seeds);
   tcase_add_loop_test(tc, test_frequencies, 0, (int)(sizeof draw_cases / sizeof draw_cases[0]));
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("full_sort");
+  tcase_set_timeout(tc, 120);
+  tcase_add_loop_test(tc, test_full_sort_same_tokens, 0,
+                      (int)(sizeof fs_cases / sizeof fs_cases[0]));
   suite_add_tcase(s, tc);
 
   SRunner *sr = srunner_create(s);
