@@ -15,6 +15,9 @@
 // plain decode (one) give the same logits bit for bit. No tensor cores: prefill runs at the f32
 // rate, the price of that guarantee.
 //
+// glm_moe_dsa's ops (LayerNorm, the k-only cache store, the DSA indexer's selection, absorbed MLA
+// attention) run the kernels of mla.cu under the same rule: a row's result is its own.
+//
 // All calls come from the thread that created the backend. Errors of CUDA and cuBLAS become
 // LKS_EBACKEND with the library's message; nothing exits.
 #include <cuda_runtime_api.h>
@@ -43,6 +46,9 @@ enum {
   SC_GUD,    // expert: gate, up (then SwiGLU), down outputs
   SC_W,      // expert weights
   SC_OUT,    // results bound for host arrays
+  SC_SEL,    // the indexer's selection (mla_attention)
+  SC_NSEL,   // its counts per row
+  SC_WORK,   // the indexer's scores
   SC_N
 };
 
@@ -350,6 +356,32 @@ static int cu_kv_store(lks_backend *be, const lks_kv_layer *kv, lks_tensor k, lk
   return 0;
 }
 
+// A bad block id would fault a kernel (and the context with it): every block a row may read,
+// those of positions 0..pos, is checked here. *n_seqs: the block table rows the kernel reads.
+static int check_blocks(const lks_kv_layer *kv, const lks_attn_rows *rows, const char *op,
+                        int *n_seqs) {
+  *n_seqs = 0;
+  for (int i = 0; i < rows->n; i++) {
+    if (rows->seq[i] < 0) return lks_set_error(LKS_ERANGE, "%s: row %d has sequence %d", op, i, rows->seq[i]);
+    if (rows->seq[i] + 1 > *n_seqs) *n_seqs = rows->seq[i] + 1;
+    const int32_t *bt = rows->block_table + (size_t)rows->seq[i] * rows->max_blocks;
+    for (int b = 0; b <= rows->pos[i] / kv->block_size; b++)
+      if (bt[b] < 0 || bt[b] >= kv->n_blocks)
+        return lks_set_error(LKS_ERANGE, "%s: row %d reads block %d of %d", op, i, bt[b],
+                             kv->n_blocks);
+  }
+  return 0;
+}
+
+// Positions, sequences and the block table rows of a batch, on the device.
+static int up_rows(cuda_backend *c, const lks_attn_rows *rows, int n_seqs, void **d_pos,
+                   void **d_seq, void **d_bt) {
+  LKS_TRY(up(c, SC_IDX0, rows->pos, (size_t)rows->n * sizeof(int32_t), d_pos));
+  LKS_TRY(up(c, SC_IDX1, rows->seq, (size_t)rows->n * sizeof(int32_t), d_seq));
+  return up(c, SC_IDX2, rows->block_table, (size_t)n_seqs * rows->max_blocks * sizeof(int32_t),
+            d_bt);
+}
+
 static int cu_attention(lks_backend *be, lks_tensor out, lks_tensor q, const lks_kv_layer *kv,
                         const lks_attn_rows *rows, int n_heads, float scale) {
   cuda_backend *c = (cuda_backend *)be;
@@ -358,26 +390,135 @@ static int cu_attention(lks_backend *be, lks_tensor out, lks_tensor q, const lks
   if (n_heads % kv->n_kv_heads != 0)
     return lks_set_error(LKS_ESHAPE, "attention: %d query heads over %d KV heads", n_heads,
                          kv->n_kv_heads);
-  // A bad block id would fault the kernel (and the context with it): check it here.
-  int n_seqs = 0;
-  for (int i = 0; i < rows->n; i++) {
-    if (rows->seq[i] < 0) return lks_set_error(LKS_ERANGE, "attention: row %d has sequence %d", i, rows->seq[i]);
-    if (rows->seq[i] + 1 > n_seqs) n_seqs = rows->seq[i] + 1;
-    const int32_t *bt = rows->block_table + (size_t)rows->seq[i] * rows->max_blocks;
-    for (int b = 0; b <= rows->pos[i] / kv->block_size; b++)
-      if (bt[b] < 0 || bt[b] >= kv->n_blocks)
-        return lks_set_error(LKS_ERANGE, "attention: row %d reads block %d of %d", i, bt[b],
-                             kv->n_blocks);
-  }
+  int n_seqs;
+  LKS_TRY(check_blocks(kv, rows, "attention", &n_seqs));
   void *d_seq, *d_pos, *d_bt;
-  LKS_TRY(up(c, SC_IDX0, rows->pos, (size_t)rows->n * sizeof(int32_t), &d_pos));
-  LKS_TRY(up(c, SC_IDX1, rows->seq, (size_t)rows->n * sizeof(int32_t), &d_seq));
-  LKS_TRY(up(c, SC_IDX2, rows->block_table, (size_t)n_seqs * rows->max_blocks * sizeof(int32_t),
-             &d_bt));
+  LKS_TRY(up_rows(c, rows, n_seqs, &d_pos, &d_seq, &d_bt));
   LKS_CUDA_TRY(lks__cu_attention(c->st, (float *)dp(out), out.ld, (const float *)dp(q), q.ld,
                                  kv->k->d, kv->v->d, kv->n_kv_heads, kv->head_dim, n_heads,
                                  kv->block_size, d_seq, d_pos, d_bt, rows->max_blocks, rows->n,
                                  scale));
+  return 0;
+}
+
+// ---- glm_moe_dsa: LayerNorm, the k-only cache, the DSA indexer, MLA (kernels in mla.cu) ----
+
+static int cu_layernorm(lks_backend *be, lks_tensor out, lks_tensor x, lks_tensor w, lks_tensor b,
+                        float eps) {
+  cuda_backend *c = (cuda_backend *)be;
+  lks_tensor wb[2] = {w, b};
+  for (int i = 0; i < 2; i++)
+    if (wb[i].cols != x.cols ||
+        (wb[i].dtype != LKS_F32 && wb[i].dtype != LKS_BF16 && wb[i].dtype != LKS_F16))
+      return lks_set_error(LKS_ESHAPE, "layernorm: %s of %lld columns (%s) for rows of %lld",
+                           i ? "bias" : "weight", (long long)wb[i].cols,
+                           lks_dtype_name(wb[i].dtype), (long long)x.cols);
+  if (out.rows != x.rows || out.cols != x.cols)
+    return lks_set_error(LKS_ESHAPE, "layernorm: out [%lld, %lld] for x [%lld, %lld]",
+                         (long long)out.rows, (long long)out.cols, (long long)x.rows,
+                         (long long)x.cols);
+  LKS_CUDA_TRY(lks__cu_layernorm(c->st, (float *)dp(out), out.ld, (const float *)dp(x), x.ld,
+                                 dp(w), w.dtype, dp(b), b.dtype, x.rows, x.cols, eps));
+  return 0;
+}
+
+static int cu_cache_store(lks_backend *be, const lks_kv_layer *kv, lks_tensor x,
+                          const lks_attn_rows *rows) {
+  cuda_backend *c = (cuda_backend *)be;
+  LKS_TRY(lks_attn_rows_check(kv, rows));
+  if (!kv->k || x.cols != kv->head_dim)
+    return lks_set_error(LKS_ESHAPE, "cache_store: %lld columns into a cache of width %d",
+                         (long long)x.cols, kv->k ? kv->head_dim : 0);
+  if (rows->n <= 0) return 0;
+  void *d_slot;
+  LKS_TRY(up(c, SC_IDX0, rows->slot, (size_t)rows->n * sizeof(int32_t), &d_slot));
+  LKS_CUDA_TRY(lks__cu_cache_store(c->st, kv->k->d, kv->head_dim, (const float *)dp(x), x.ld,
+                                   d_slot, rows->n));
+  return 0;
+}
+
+// The scores of one launch stay under this many bytes: rows go in groups (each row's result is
+// its own, so the grouping changes nothing but the memory).
+enum { DSA_SCORE_BYTES = 256 << 20 };
+
+static int cu_dsa_select(lks_backend *be, lks_tensor q, lks_tensor w, const lks_kv_layer *keys,
+                         const lks_attn_rows *rows, int n_heads, float q_scale, float w_scale,
+                         int topk, int32_t *sel, int32_t *n_sel) {
+  cuda_backend *c = (cuda_backend *)be;
+  LKS_TRY(lks_attn_rows_check(keys, rows));
+  if (!keys->k || q.cols != (int64_t)n_heads * keys->head_dim || w.cols != n_heads || topk < 1)
+    return lks_set_error(LKS_ESHAPE, "dsa_select: q has %lld columns, %d heads of %d, w %lld, top-%d",
+                         (long long)q.cols, n_heads, keys->head_dim, (long long)w.cols, topk);
+  int n = rows->n, n_seqs, max_keys = 1;
+  if (n <= 0) return 0;
+  LKS_TRY(check_blocks(keys, rows, "dsa_select", &n_seqs));
+  for (int i = 0; i < n; i++)
+    if (rows->pos[i] + 1 > max_keys) max_keys = rows->pos[i] + 1;
+  void *d_pos, *d_seq, *d_bt, *d_out, *d_scores;
+  LKS_TRY(up_rows(c, rows, n_seqs, &d_pos, &d_seq, &d_bt));
+  size_t n_out = (size_t)n * topk;
+  LKS_TRY(need(c, SC_OUT, (n_out + (size_t)n) * sizeof(int32_t), &d_out));
+  int32_t *d_sel = d_out, *d_nsel = d_sel + n_out;
+  int group = (int)(DSA_SCORE_BYTES / ((size_t)max_keys * sizeof(float)));
+  if (group < 1) group = 1;
+  if (group > n) group = n;
+  if (group > 65535) group = 65535;  // the kernels' grid
+  LKS_TRY(need(c, SC_WORK, (size_t)group * max_keys * sizeof(float), &d_scores));
+  for (int r0 = 0; r0 < n; r0 += group) {
+    int g = n - r0 < group ? n - r0 : group;
+    LKS_CUDA_TRY(lks__cu_dsa_select(c->st, (const float *)dp(q) + r0 * q.ld, q.ld,
+                                    (const float *)dp(w) + r0 * w.ld, w.ld, keys->k->d,
+                                    keys->head_dim, n_heads, q_scale, w_scale, topk,
+                                    keys->block_size, (const int32_t *)d_seq + r0,
+                                    (const int32_t *)d_pos + r0, d_bt, rows->max_blocks, g,
+                                    max_keys, d_scores, d_sel + (size_t)r0 * topk, d_nsel + r0));
+  }
+  LKS_CUDA_TRY(cudaMemcpyAsync(sel, d_sel, n_out * sizeof(int32_t), cudaMemcpyDeviceToHost, c->st));
+  LKS_CUDA_TRY(cudaMemcpyAsync(n_sel, d_nsel, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                               c->st));
+  LKS_CUDA_TRY(cudaStreamSynchronize(c->st));
+  return 0;
+}
+
+static int cu_mla_attention(lks_backend *be, lks_tensor out, lks_tensor q, lks_tensor wkv_b,
+                            const lks_kv_layer *kv, const lks_attn_rows *rows,
+                            const lks_mla_dims *d, const int32_t *sel, const int32_t *n_sel,
+                            int sel_stride) {
+  cuda_backend *c = (cuda_backend *)be;
+  LKS_TRY(lks_attn_rows_check(kv, rows));
+  int R = d->latent, dn = d->nope, dr = d->rope, dv = d->v_dim, nh = d->n_heads;
+  if (!kv->k || kv->head_dim != R + dr || q.cols != (int64_t)nh * (dn + dr) ||
+      out.cols != (int64_t)nh * dv || wkv_b.rows != (int64_t)nh * (dn + dv) || wkv_b.cols != R)
+    return lks_set_error(LKS_ESHAPE,
+                         "mla_attention: q %lld / out %lld columns, kv_b [%lld, %lld], cache width %d "
+                         "for %d heads (nope %d, rope %d, v %d, latent %d)",
+                         (long long)q.cols, (long long)out.cols, (long long)wkv_b.rows,
+                         (long long)wkv_b.cols, kv->head_dim, nh, dn, dr, dv, R);
+  LKS_TRY(lks_weight_check(wkv_b, R));
+  int n = rows->n, n_seqs;
+  if (n <= 0) return 0;
+  if ((int64_t)n * nh > 0x7fffffff)
+    return lks_set_error(LKS_ERANGE, "mla_attention: %d rows of %d heads in one call", n, nh);
+  for (int i = 0; sel && i < n; i++) {
+    if (n_sel[i] < 1 || n_sel[i] > sel_stride)
+      return lks_set_error(LKS_ERANGE, "mla_attention: row %d selects %d keys of %d", i, n_sel[i],
+                           sel_stride);
+    for (int k = 0; k < n_sel[i]; k++)
+      if (sel[(size_t)i * sel_stride + k] < 0 || sel[(size_t)i * sel_stride + k] > rows->pos[i])
+        return lks_set_error(LKS_ERANGE, "mla_attention: row %d selects position %d past %d", i,
+                             sel[(size_t)i * sel_stride + k], rows->pos[i]);
+  }
+  LKS_TRY(check_blocks(kv, rows, "mla_attention", &n_seqs));
+  void *d_pos, *d_seq, *d_bt, *d_sel = NULL, *d_nsel = NULL;
+  LKS_TRY(up_rows(c, rows, n_seqs, &d_pos, &d_seq, &d_bt));
+  if (sel) {
+    LKS_TRY(up(c, SC_SEL, sel, (size_t)n * sel_stride * sizeof(int32_t), &d_sel));
+    LKS_TRY(up(c, SC_NSEL, n_sel, (size_t)n * sizeof(int32_t), &d_nsel));
+  }
+  LKS_CUDA_TRY(lks__cu_mla_attention(c->st, (float *)dp(out), out.ld, (const float *)dp(q), q.ld,
+                                     dp(wkv_b), wkv_b.dtype, wkv_b.ld, kv->k->d, R, dn, dr, dv, nh,
+                                     d->scale, kv->block_size, d_seq, d_pos, d_bt,
+                                     rows->max_blocks, d_sel, d_nsel, sel_stride, n));
   return 0;
 }
 
@@ -514,6 +655,10 @@ static const lks_backend_ops cuda_ops = {
     .expert = cu_expert,
     .gather_rows = cu_gather_rows,
     .argmax = cu_argmax,
+    .layernorm = cu_layernorm,
+    .cache_store = cu_cache_store,
+    .dsa_select = cu_dsa_select,
+    .mla_attention = cu_mla_attention,
 };
 
 static int init(cuda_backend *c, int device) {

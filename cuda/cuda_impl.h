@@ -90,6 +90,32 @@ cudaError_t lks__cu_gather_rows(cudaStream_t st, float *out, int64_t ldo, const 
 cudaError_t lks__cu_argmax(cudaStream_t st, const float *x, int64_t ldx, int64_t n, int64_t V,
                            int32_t *idx, float *val);
 
+
+// ---- glm_moe_dsa (mla.cu; the semantics of backend.h's ops of the same names) ----
+// Per row: out = (x - mean) / sqrt(var + eps) * w + b; w, b [H] of dtypes wdt, bdt.
+cudaError_t lks__cu_layernorm(cudaStream_t st, float *out, int64_t ldo, const float *x,
+                              int64_t ldx, const void *w, int wdt, const void *b, int bdt,
+                              int64_t n, int64_t H, float eps);
+// pool[slot[r] * width ..] = x[r, 0..width) for r < n.
+cudaError_t lks__cu_cache_store(cudaStream_t st, float *pool, int64_t width, const float *x,
+                                int64_t ldx, const int32_t *slot, int64_t n);
+// The indexer's selection for n rows: sel [n, topk] (ascending positions), n_sel [n]. K: the
+// key pool [slots, D]; scores: scratch of n * max_keys floats, max_keys >= every pos[r] + 1.
+cudaError_t lks__cu_dsa_select(cudaStream_t st, const float *q, int64_t ldq, const float *w,
+                               int64_t ldw, const float *K, int D, int n_heads, float q_scale,
+                               float w_scale, int topk, int bs, const int32_t *seq,
+                               const int32_t *pos, const int32_t *bt, int max_blocks, int n,
+                               int max_keys, float *scores, int32_t *sel, int32_t *n_sel);
+// Absorbed MLA attention over the latent pool C [slots, latent + rope]; wkv_b [n_heads *
+// (nope + v_dim), latent] of dtype wdt, row stride ldw; sel NULL: every position 0..pos[r].
+cudaError_t lks__cu_mla_attention(cudaStream_t st, float *out, int64_t ldo, const float *q,
+                                  int64_t ldq, const void *wkv_b, int wdt, int64_t ldw,
+                                  const float *C, int latent, int nope, int rope, int v_dim,
+                                  int n_heads, float scale, int block_size, const int32_t *seq,
+                                  const int32_t *pos, const int32_t *block_table, int max_blocks,
+                                  const int32_t *sel, const int32_t *n_sel, int sel_stride,
+                                  int n);
+
 #ifdef __cplusplus
 }
 #endif

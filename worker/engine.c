@@ -148,8 +148,13 @@ int lks_engine_kv_read(const lks_engine *e, int slot, bool drafter, int pos, flo
 size_t lks_engine_kv_row_floats(const lks_engine *e, bool drafter) {
   const lks_kv_cache *kv = drafter ? e->mkv : e->kv;
   if (!kv) return 0;
-  const lks_kv_layer *L = lks_kv_layer_at(kv, 0);
-  return (size_t)lks_kv_n_layers(kv) * 2 * (size_t)L->n_kv_heads * (size_t)L->head_dim;
+  // Layers differ in width in the MLA cache (latent + rope key, then the indexer's keys or none).
+  size_t f = 0;
+  for (int l = 0; l < lks_kv_n_layers(kv); l++) {
+    const lks_kv_layer *L = lks_kv_layer_at(kv, l);
+    f += 2 * (size_t)L->n_kv_heads * (size_t)L->head_dim;
+  }
+  return f;
 }
 
 static int check_slot(const lks_engine *e, uint32_t slot, bool must_be_used) {

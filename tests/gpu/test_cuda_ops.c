@@ -8,10 +8,11 @@
 // loader does, whole or as a column shard; activations as strided views), poisons every output
 // with NaN first so that an element an op forgets to write shows, runs the op on both and
 // compares max|cuda - cpu| / max|cpu| with a bound of 1e-5 (all arithmetic is f32). NaN never
-// passes. Integer results (routing ids, arg-max) must be equal. Matrix products and experts are
-// also checked against themselves: each row of a batch must equal, bit for bit, the same row
-// computed alone (greedy output must not depend on how rows were batched). Exit status 0 when
-// every case passes, 1 otherwise, 77 when this machine has no CUDA device (ctest: skipped).
+// passes. Integer results (routing ids, arg-max, the DSA indexer's selection) must be equal.
+// Matrix products, experts, the indexer's selection and MLA attention are also checked against
+// themselves: each row of a batch must equal, bit for bit, the same row computed alone (greedy
+// output must not depend on how rows were batched). Exit status 0 when every case passes, 1
+// otherwise, 77 when this machine has no CUDA device (ctest: skipped).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -610,6 +611,188 @@ static void t_argmax(void) {
   }
 }
 
+// ---- glm_moe_dsa: LayerNorm, the k-only cache, the DSA indexer, MLA attention ----
+
+static void t_layernorm(void) {
+  lks_dtype dts[] = {LKS_F32, LKS_BF16};
+  int Hs[] = {128, 200};
+  for (int d = 0; d < 2; d++)
+    for (int hi = 0; hi < 2; hi++)
+      for (int inplace = 0; inplace < 2; inplace++) {
+        int H = Hs[hi];
+        tp w = weight(dts[d], 1, H, false, 1.0f), b = weight(dts[d], 1, H, false, 0.5f);
+        tp x = act(6, H, H + 7, false);
+        tp out = inplace ? x : act(6, H, H + 3, true);
+        TRY(CPU->ops->layernorm(CPU, out.c, x.c, w.c, b.c, 1e-6f));
+        TRY(GPU->ops->layernorm(GPU, out.g, x.g, w.g, b.g, 1e-6f));
+        char what[96];
+        snprintf(what, sizeof what, "layernorm: %s weight and bias, %d columns%s", dn(dts[d]), H,
+                 inplace ? ", in place" : "");
+        check(what, cmp(out), 1e-5);
+        if (!inplace) act_free(out);
+        act_free(x);
+      }
+}
+
+// A paged layout for the MLA cases: three sequences over a shuffled pool of 64 blocks of 16 (48
+// per sequence); rows: sequence 0 at 699 (its keys in several chunks and score groups), sequence
+// 1 prefilled at 30..36, sequence 2 at 0.
+enum { MB = 48, NB = 64, BS = 16, NR = 9 };
+static int32_t m_table[3 * MB], m_seq[NR] = {0, 1, 1, 1, 1, 1, 1, 1, 2},
+                                m_pos[NR] = {699, 30, 31, 32, 33, 34, 35, 36, 0}, m_slot[NR];
+
+static lks_attn_rows mla_rows(void) {
+  int perm[NB];
+  for (int i = 0; i < NB; i++) perm[i] = i;
+  for (int i = NB - 1; i > 0; i--) {
+    int j = irand(i + 1), t = perm[i];
+    perm[i] = perm[j];
+    perm[j] = t;
+  }
+  for (int i = 0; i < 3 * MB; i++) m_table[i] = perm[i % NB];
+  for (int i = 0; i < NR; i++) m_slot[i] = m_table[m_seq[i] * MB + m_pos[i] / BS] * BS + m_pos[i] % BS;
+  lks_attn_rows rows = {NR, m_seq, m_pos, m_slot, m_table, MB};
+  return rows;
+}
+
+// Row i of a batch alone (the same sequence, position and slot).
+static lks_attn_rows row_alone(const lks_attn_rows *r, int i) {
+  lks_attn_rows one = {1, r->seq + i, r->pos + i, r->slot + i, r->block_table, r->max_blocks};
+  return one;
+}
+
+static void t_cache_store(void) {
+  int width = 72;
+  tp pool = act((int64_t)NB * BS, width, width, false);
+  lks_kv_layer kc = {pool.c.buf, NULL, NB, BS, 1, width}, kg = {pool.g.buf, NULL, NB, BS, 1, width};
+  lks_attn_rows rows = mla_rows();
+  tp x = act(NR, width, width + 5, false);
+  TRY(CPU->ops->cache_store(CPU, &kc, x.c, &rows));
+  TRY(GPU->ops->cache_store(GPU, &kg, x.g, &rows));
+  check("cache_store: a k-only layer (no V pool), strided rows", cmp(pool), 0);
+  act_free(pool);
+  act_free(x);
+}
+
+// The indexer's keys: random, or (ties) repeating every 50 positions, so that equal scores
+// straddle the top-k cut (ties go to the lower position on both backends).
+static void t_dsa_select(void) {
+  for (int ci = 0; ci < 3; ci++) {
+    int D = ci == 2 ? 128 : 16, nh = ci == 2 ? 32 : 8, topk = ci == 2 ? 256 : 64;
+    bool ties = ci == 1;
+    tp keys = act((int64_t)NB * BS, D, D, false);
+    lks_kv_layer kc = {keys.c.buf, NULL, NB, BS, 1, D}, kg = {keys.g.buf, NULL, NB, BS, 1, D};
+    lks_attn_rows rows = mla_rows();
+    if (ties) {
+      float *row = malloc((size_t)D * 4);
+      for (int p = 50; p < 700; p++) {
+        int src = m_table[p % 50 / BS] * BS + p % 50 % BS, dst = m_table[p / BS] * BS + p % BS;
+        TRY(CPU->ops->to_host(CPU, row, keys.c.buf, (size_t)src * D * 4, (size_t)D * 4));
+        TRY(CPU->ops->from_host(CPU, keys.c.buf, (size_t)dst * D * 4, row, (size_t)D * 4));
+        TRY(GPU->ops->from_host(GPU, keys.g.buf, (size_t)dst * D * 4, row, (size_t)D * 4));
+      }
+      free(row);
+    }
+    tp q = act(NR, (int64_t)nh * D, (int64_t)nh * D + 3, false);
+    // Positive head weights: a score is 0 only when every head's dot is <= 0 (rare with 8+
+    // heads), so exact zeros sit at the bottom, not at the cut.
+    tp w = act(NR, nh, nh + 1, false);
+    {
+      float *h = malloc((size_t)NR * (nh + 1) * 4);
+      TRY(CPU->ops->to_host(CPU, h, w.c.buf, 0, (size_t)NR * (nh + 1) * 4));
+      for (int i = 0; i < NR * (nh + 1); i++) h[i] = fabsf(h[i]) + 0.01f;
+      TRY(CPU->ops->from_host(CPU, w.c.buf, 0, h, (size_t)NR * (nh + 1) * 4));
+      TRY(GPU->ops->from_host(GPU, w.g.buf, 0, h, (size_t)NR * (nh + 1) * 4));
+      free(h);
+    }
+    float qs = 1.0f / sqrtf((float)D), ws = 1.0f / sqrtf((float)nh);
+    int32_t *sc = malloc((size_t)NR * topk * 4), *sg = malloc((size_t)NR * topk * 4);
+    int32_t nc[NR], ng[NR];
+    for (int i = 0; i < NR * topk; i++) sc[i] = sg[i] = -1;
+    TRY(CPU->ops->dsa_select(CPU, q.c, w.c, &kc, &rows, nh, qs, ws, topk, sc, nc));
+    TRY(GPU->ops->dsa_select(GPU, q.g, w.g, &kg, &rows, nh, qs, ws, topk, sg, ng));
+    int same = 1;
+    for (int i = 0; i < NR; i++) {
+      same &= nc[i] == ng[i];
+      for (int k = 0; same && k < nc[i]; k++) same &= sc[i * topk + k] == sg[i * topk + k];
+    }
+    char what[128];
+    snprintf(what, sizeof what, "dsa_select: %d heads of %d, top-%d%s, contexts 700/37/1: equal",
+             nh, D, topk, ties ? ", tied scores at the cut" : "");
+    check(what, same ? 0.0 : 1.0, 0);
+    // Each row alone selects what it selected in the batch.
+    same = 1;
+    for (int i = 0; i < NR; i++) {
+      lks_attn_rows one = row_alone(&rows, i);
+      int32_t n1;
+      TRY(GPU->ops->dsa_select(GPU, lks_tensor_rows(q.g, i, 1), lks_tensor_rows(w.g, i, 1), &kg,
+                               &one, nh, qs, ws, topk, sc, &n1));
+      same &= n1 == ng[i] && !memcmp(sc, sg + (size_t)i * topk, (size_t)n1 * 4);
+    }
+    snprintf(what, sizeof what, "dsa_select: %d heads of %d, top-%d%s: batch = each row alone",
+             nh, D, topk, ties ? ", ties" : "");
+    check(what, same ? 0.0 : 1.0, 0);
+    free(sc);
+    free(sg);
+    act_free(keys);
+    act_free(q);
+    act_free(w);
+  }
+}
+
+static void t_mla_attention(void) {
+  struct {
+    int nh, dn, dr, dv, R;
+    lks_dtype dt;
+  } cfg[] = {{4, 16, 8, 16, 64, LKS_F32}, {4, 16, 8, 16, 64, LKS_BF16},
+             {2, 192, 64, 256, 512, LKS_BF16}};  // the last: GLM-5's head shapes
+  for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++)
+    for (int sparse = 0; sparse < 2; sparse++) {
+      int nh = cfg[ci].nh, dnope = cfg[ci].dn, dr = cfg[ci].dr, dv = cfg[ci].dv, R = cfg[ci].R;
+      int W = R + dr, topk = 40;
+      bool shard = sparse;  // the weight wrapped as a column shard in one of the two
+      tp C = act((int64_t)NB * BS, W, W, false);
+      lks_kv_layer kc = {C.c.buf, NULL, NB, BS, 1, W}, kg = {C.g.buf, NULL, NB, BS, 1, W};
+      lks_attn_rows rows = mla_rows();
+      tp wkv = weight(cfg[ci].dt, (int64_t)nh * (dnope + dv), R, shard, 0.05f);
+      tp q = act(NR, (int64_t)nh * (dnope + dr), (int64_t)nh * (dnope + dr) + 2, false);
+      tp out = act(NR, (int64_t)nh * dv, (int64_t)nh * dv + 6, true);
+      lks_mla_dims d = {nh, dnope, dr, dv, R, 1.0f / sqrtf((float)(dnope + dr))};
+      // A selection per row: every position up to topk keys, else topk of them, ascending.
+      int32_t sel[NR * 40], n_sel[NR];
+      for (int i = 0; i < NR; i++) {
+        int nk = m_pos[i] + 1, k = 0;
+        for (int p = 0; p < nk && k < topk; p++)
+          if (nk <= topk || irand(nk - p) < topk - k) sel[i * topk + k++] = p;
+        n_sel[i] = k;
+      }
+      const int32_t *sp = sparse ? sel : NULL, *np = sparse ? n_sel : NULL;
+      TRY(CPU->ops->mla_attention(CPU, out.c, q.c, wkv.c, &kc, &rows, &d, sp, np, topk));
+      TRY(GPU->ops->mla_attention(GPU, out.g, q.g, wkv.g, &kg, &rows, &d, sp, np, topk));
+      char what[160];
+      snprintf(what, sizeof what, "mla_attention: %d heads, nope %d rope %d v %d latent %d, %s, %s",
+               nh, dnope, dr, dv, R, dn(cfg[ci].dt), sparse ? "top-40 selection, shard" : "every position");
+      check(what, cmp(out), 1e-5);
+      tp alone = act(NR, (int64_t)nh * dv, (int64_t)nh * dv + 6, true);
+      for (int i = 0; i < NR; i++) {
+        lks_attn_rows one = row_alone(&rows, i);
+        TRY(GPU->ops->mla_attention(GPU, lks_tensor_rows(alone.g, i, 1), lks_tensor_rows(q.g, i, 1),
+                                    wkv.g, &kg, &one, &d, sparse ? sel + i * topk : NULL,
+                                    sparse ? n_sel + i : NULL, topk));
+      }
+      int64_t bad = -1;
+      int ok = same_bits(out.g, alone.g, NR, &bad);
+      snprintf(what, sizeof what, "mla_attention: %d heads, latent %d, %s: batch = each row alone (bitwise)",
+               nh, R, sparse ? "sparse" : "dense");
+      check(what, ok ? 0.0 : 1.0, 0);
+      if (!ok) printf("    first differing row: %lld\n", (long long)bad);
+      act_free(C);
+      act_free(q);
+      act_free(out);
+      act_free(alone);
+    }
+}
+
 static void t_buffers(void) {
   lks_buf *b = GPU->ops->buf_alloc(GPU, 64);
   float h[16];
@@ -785,6 +968,10 @@ int main(int argc, char **argv) {
   t_expert_batch();
   t_gather();
   t_argmax();
+  t_layernorm();
+  t_cache_store();
+  t_dsa_select();
+  t_mla_attention();
   printf("test_cuda_ops: %d of %d cases within bounds%s\n", cases - failures, cases,
          failures ? "  FAILED" : "");
   lks_backend_free(GPU);

@@ -4,7 +4,11 @@
 # with the checkpoint's MTP layer as the drafter (K chained drafts a round),
 # computed in float64 from the math of /work/shared/MODEL.md sections 2-3
 # and DESIGN.md section 7, on top of glm_ref.py (same directory) and
-# independent of lockstep's C code.
+# independent of lockstep's C code.  GLM-5 checkpoints (model_type
+# glm_moe_dsa) run on glm5_ref.py's model instead (MLA in the absorbed form
+# with a per-layer cache of latent, rope key and indexer key; the DSA top-k
+# selection in every layer, the MTP layer's own indexer in the drafter); the
+# drafting loop, the checks and the output are the same.
 #
 # Usage:
 #   /usr/bin/python3 tests/reference/spec_ref.py --model DIR --k K \
@@ -55,6 +59,12 @@
 # are fixed; running at a start position drops the cache rows from it on,
 # which is the rollback); the math per row is glm_ref.py's, reused through
 # its GlmRef methods (norms, RoPE, projections, MoE, MTP input, lm_head).
+# GLM-5: the cache of a layer is glm5_ref.py's (c, k_pe, indexer key, pos)
+# rows, run through Glm5Ref.decoder_layer5 in the absorbed form; a shared
+# indexer layer reuses the selection of the last full layer of the same call
+# (the same queries over the same keys); rollback truncates all three,
+# the drafter's indexer keys included.  A position's selection depends only
+# on the keys 0..pos, so incremental and full forwards select the same keys.
 #
 # Checks (always): the generated tokens are plain greedy decoding -- one full
 # glm_ref forward over prompt + tokens gives, by causality, the logits after
@@ -89,7 +99,11 @@
 # The margins are the smallest top-1/top-2 logit gaps over the argmax
 # decisions that the counts depend on (the target rows 0..a of each verify,
 # and drafts d_1..d_min(a+1,K)): a runtime in lower precision may flip a
-# decision whose margin is tiny.
+# decision whose margin is tiny.  GLM-5 adds "min_index_margin" and
+# "index_boundary_ties" to the totals: the smallest gap between the last
+# selected and the first dropped indexer score over every DSA selection made
+# (target and drafter, rows later dropped included), and the number of exact
+# ties straddling the cut (ties go to the lower position).
 
 import argparse
 import json
@@ -106,6 +120,21 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from glm_ref import GlmRef, write_safetensors  # noqa: E402
+
+
+def is_glm5(cfg):
+    return (cfg.get("model_type") == "glm_moe_dsa"
+            or "GlmMoeDsaForCausalLM" in (cfg.get("architectures") or []))
+
+
+def load_model(model_dir):
+    """GlmRef for glm4_moe, glm5_ref.Glm5Ref for glm_moe_dsa."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    if is_glm5(cfg):
+        from glm5_ref import Glm5Ref
+        return Glm5Ref(model_dir)
+    return GlmRef(model_dir)
 
 
 def top2_margin(row):
@@ -184,10 +213,52 @@ class CachedStack:
         return x
 
 
+class MlaCachedStack:
+    """The same for glm_moe_dsa (layer m.N, the MTP layer, runs as an MoE
+    layer with a full indexer): per layer glm5_ref's cache dict of the normed
+    latent c, the roped k_pe, the indexer key kI and the position, appended
+    by Glm5Ref.decoder_layer5 in the absorbed form."""
+
+    def __init__(self, m, layers, max_len):
+        del max_len                        # the caches grow as rows arrive
+        self.m = m
+        self.layers = list(layers)
+        self.cache = {L: {"c": None, "k_pe": None, "kI": None,
+                          "pos": np.zeros(0, dtype=np.int64)} for L in self.layers}
+        self.len = 0
+
+    def run(self, x, start):
+        m = self.m
+        if start > self.len:
+            raise ValueError("run at %d but only %d rows cached" % (start, self.len))
+        for c in self.cache.values():      # rollback: drop rows at >= start
+            for k in ("c", "k_pe", "kI"):
+                if c[k] is not None:
+                    c[k] = c[k][:start]
+            c["pos"] = c["pos"][:start]
+        pos = np.arange(start, start + x.shape[0])
+        prev = None
+        for L in self.layers:
+            mtp = L == m.N
+            moe = True if mtp else m.moe_layer[L]
+            full = True if mtp else m.indexer_full[L]
+            x, st = m.decoder_layer5(L, x, pos, moe, full, prev, cache=self.cache[L],
+                                     absorbed=True)
+            if full:
+                prev = st
+        self.len = start + x.shape[0]
+        return x
+
+
+def make_stack(m, layers, max_len):
+    cls = MlaCachedStack if is_glm5(m.cfg) else CachedStack
+    return cls(m, layers, max_len)
+
+
 class Target:
     def __init__(self, m, max_len):
         self.m = m
-        self.st = CachedStack(m, range(m.N), max_len)
+        self.st = make_stack(m, range(m.N), max_len)
 
     def run(self, tokens, start):
         """-> (hn [n,H] after model.norm, logits [n,V])"""
@@ -201,7 +272,7 @@ class Target:
 class Drafter:
     def __init__(self, m, max_len):
         self.m = m
-        self.st = CachedStack(m, [m.N], max_len)
+        self.st = make_stack(m, [m.N], max_len)
 
     def run(self, h, t, start):
         """MTP steps on pairs (h [n,H], t [n]) at positions start.. ->
@@ -430,6 +501,8 @@ def make_draftable(m, src, dst, mix):
     os.makedirs(dst, exist_ok=True)
     cfg = dict(m.cfg)
     cfg["torch_dtype"] = "float32"
+    if "dtype" in cfg:                     # transformers' newer name (gen_glm5.py writes it)
+        cfg["dtype"] = "float32"
     with open(os.path.join(dst, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
         f.write("\n")
@@ -484,7 +557,8 @@ def main(argv):
     a = ap.parse_args(argv)
 
     t0 = time.time()
-    m = GlmRef(a.model)
+    m = load_model(a.model)
+    glm5 = is_glm5(m.cfg)
     if a.make_draftable:
         if not m.has_mtp:
             sys.exit("spec_ref.py: --make-draftable needs an MTP layer")
@@ -508,6 +582,8 @@ def main(argv):
     K, N = a.k, a.n_gen
 
     results, checks = [], []
+    if glm5:
+        m.reset_index_stats()
     for p in prompts:
         r = spec_decode(m, p, K, N, keep_hidden=a.check)
         assert len(r["tokens"]) == N
@@ -527,8 +603,12 @@ def main(argv):
               "accepted_per_round": (sum(acc) / rounds) if (K and rounds) else 0.0,
               "min_target_margin": min(r["min_target_margin"] for r in results),
               "min_draft_margin": min(dm) if dm else None}
+    if glm5:
+        totals["min_index_margin"] = float(m.min_index_margin)
+        totals["index_boundary_ties"] = int(m.index_boundary_ties)
     doc = {"model": os.path.abspath(a.model), "k": K, "n_gen": N,
-           "generator": "tests/reference/spec_ref.py (float64, greedy, MTP drafter)",
+           "generator": "tests/reference/spec_ref.py (float64, greedy, MTP drafter%s)"
+                        % (", glm5_ref.py's MLA + DSA" if glm5 else ""),
            "prompts": results, "totals": totals}
     dump_json(a.out, doc)
 
@@ -543,6 +623,9 @@ def main(argv):
     print("  min margins: target %.3g  draft %s"
           % (totals["min_target_margin"],
              "%.3g" % totals["min_draft_margin"] if dm else "-"))
+    if glm5:
+        print("  DSA selections: min index margin %.3g, boundary ties %d"
+              % (totals["min_index_margin"], totals["index_boundary_ties"]))
     if a.check:
         print("  check: full-recompute greedy equal; replayed counts equal")
         if K:

@@ -29,7 +29,7 @@ for i, (a, b) in enumerate(zip(w1["prompts"], w2["prompts"])):
     check(a["mtp"] == b["mtp"], "prompt %d: world 2 drafts accepted as at world 1" % i)
 
 totals = {}
-# REF_DIR "-": no reference run (GLM-5 until spec_ref.py drafts glm_moe_dsa); world sizes only.
+# REF_DIR "-": no reference run; world sizes only.
 for k in range(1, 5) if ref_dir != "-" else []:
     ref = json.load(open(os.path.join(ref_dir, "k%d.json" % k)))
     rp = ref["prompts"] if isinstance(ref, dict) else ref
