@@ -52,6 +52,8 @@ row() {  # name result note
   NAMES+=("$1") RESULTS+=("$2") NOTES+=("$3")
   [ "$2" = FAIL ] && FAILED=1
   printf '== %-44s %-5s %s\n' "$1" "$2" "$3"
+  # Row by row where the caller wants them too, so that a run cut short still reports.
+  [ -z "${OUT:-}" ] || { mkdir -p "$OUT" && printf '%-44s %-5s %s\n' "$1" "$2" "$3" >>"$OUT/gpu-rows.txt"; }
 }
 
 # check NAME COMMAND...: PASS when the command exits 0; its output in $LOGS/NAME.log.
