@@ -838,8 +838,8 @@ static int cu_step_end(lks_backend *be, int rc) {
       return 1;
     }
     e->n_up = c->gpos;
-    LKS_LOG(c->n_recorded++ ? LKS_LOG_DEBUG : LKS_LOG_INFO,
-            "cuda backend: a step recorded as a CUDA graph (%d uploads, %zu bytes staged)", e->n_up,
+    int level = c->n_recorded++ ? LKS_LOG_DEBUG : LKS_LOG_INFO;  // LKS_LOG reads it twice
+    LKS_LOG(level, "cuda backend: a step recorded as a CUDA graph (%d uploads, %zu bytes staged)", e->n_up,
             c->goff);
   } else {
     if (rc < 0 || c->gfail || c->gpos != e->n_up) {

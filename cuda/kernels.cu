@@ -415,6 +415,9 @@ __global__ void attention_k(float *out, int64_t ldo, const float *q, int64_t ldq
       slots[p] = table[pp / bs] * bs + pp % bs;
     }
     __syncthreads();
+    // Unrolled so that the loads of several positions are in flight at once (decode runs one
+    // block per head: latency, not bandwidth, bounds it); the arithmetic per position is unchanged.
+#pragma unroll 4
     for (int p = warp; p < cn; p += nw) {
       const float *kr = K + (int64_t)slots[p] * kv_ld + (int64_t)kvh * hd;
       float d = 0.0f;
@@ -440,6 +443,7 @@ __global__ void attention_k(float *out, int64_t ldo, const float *q, int64_t ldq
     for (int d = tid; d < hd; d += blockDim.x) {
       float a = acc[d] * alpha;
       const float *vb = V + (int64_t)kvh * hd + d;
+#pragma unroll 8
       for (int p = 0; p < cn; p++) a += s[p] * vb[(int64_t)slots[p] * kv_ld];
       acc[d] = a;
     }
