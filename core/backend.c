@@ -179,3 +179,11 @@ int lks_backend_experts(lks_backend *be, lks_tensor out, lks_tensor x,
   }
   return 0;
 }
+
+int lks_backend_step(lks_backend *be, uint64_t key, int (*step)(void *ctx), void *ctx) {
+  if (!key || !be->ops->step_begin || !be->ops->step_end) return step(ctx);
+  int rc = be->ops->step_begin(be, key);
+  if (rc < 0) return rc;
+  rc = be->ops->step_end(be, step(ctx));
+  return rc == 1 ? step(ctx) : rc;
+}

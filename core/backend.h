@@ -106,6 +106,14 @@ typedef struct lks_expert_call {
   const float *weights;       // [n]; NULL: 1
   int n;
 } lks_expert_call;
+// The routed experts of one MoE layer, for the moe op: expert e's weights are gate[e * stride],
+// up[e * stride], down[e * stride] (stride in lks_tensor units: arrays of structs of tensors);
+// only the experts [e0, e0 + n) are bound (this rank's block).
+typedef struct lks_moe_experts {
+  const lks_tensor *gate, *up, *down;
+  size_t stride;
+  int e0, n;
+} lks_moe_experts;
 
 typedef struct lks_backend_ops {
   const char *name;
@@ -164,6 +172,24 @@ typedef struct lks_backend_ops {
   // in that order, bitwise; a backend runs them together (the CPU in two parallel phases).
   int (*experts)(lks_backend *be, lks_tensor out, lks_tensor x, const lks_expert_call *calls,
                  int n_calls);
+  // Optional (NULL: the caller routes with `route` and runs `expert` per selected expert): the
+  // routed experts of an MoE layer in one call, routing kept on the device. With ids, weights
+  // [n, top_k] as `route` computes them from logits [n, E] and bias:
+  //   out[r] += sum over j = 0 .. top_k - 1, in that order, of weights[r, j] * expert_{ids[r, j]}(x[r])
+  // over the experts in [ex->e0, ex->e0 + ex->n) only. A row's result does not depend on the other
+  // rows of the batch. ids, weights: host arrays [n, top_k] that receive the routing (a
+  // synchronisation; for tests), or NULL. LKS_EUNSUPPORTED when the experts' weights do not fit
+  // the backend's scheme (then the caller uses the default).
+  int (*moe)(lks_backend *be, lks_tensor out, lks_tensor x, lks_tensor logits, lks_tensor bias,
+             const lks_route_params *p, const lks_moe_experts *ex, int32_t *ids, float *weights);
+  // Optional (NULL: every step runs as it is called): brackets one model step whose sequence of
+  // ops, shapes and buffers is fully determined by `key` (the caller's promise; only the contents
+  // of the host control arrays may differ between steps of one key), so that a device backend
+  // may record the step once and replay it. step_end receives the step's result and returns 0
+  // when the step is done, 1 when the caller must run the step again without the brackets (the
+  // recording could not be made or used; nothing of the step has run), or a negative error.
+  int (*step_begin)(lks_backend *be, uint64_t key);
+  int (*step_end)(lks_backend *be, int rc);
   // out[i] = x[rows[i]].
   int (*gather_rows)(lks_backend *be, lks_tensor out, lks_tensor x, const int32_t *rows);
   // Per row of x [n, V]: index of the maximum (ties: lowest index), into host idx[n], and the
@@ -210,6 +236,10 @@ lks_backend *lks_backend_new(const char *name, int threads);
 // the visible GPUs (lks_backend_new's choice). The CPU backend ignores it.
 lks_backend *lks_backend_new_on(const char *name, int threads, int device);
 void lks_backend_free(lks_backend *be);
+
+// Runs step(ctx) between the backend's step_begin(key) and step_end, again without them when
+// step_end asks for it; just step(ctx) when the backend has no such ops or key is 0.
+int lks_backend_step(lks_backend *be, uint64_t key, int (*step)(void *ctx), void *ctx);
 
 // Shape and type checks every backend's matmul and expert make: a weight of K columns in F32,
 // BF16 or F16, or quantized (F8_E4M3 / F4_E2M1X2 codes with their scheme); out [x.rows, w.rows].

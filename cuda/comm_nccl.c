@@ -51,6 +51,7 @@ typedef struct {
   lks_comm base;
   ncclComm_t nc;
   cudaStream_t st;
+  cudaEvent_t ev;  // recorded on the backend's stream before a collective reads device memory
   int device;
   bool broken;   // aborted after a failure: every call fails
   void *dev;     // staging buffer on the device
@@ -156,10 +157,19 @@ static int nc_wait(nccl_comm *n, const char *coll, lks_comm_where w) {
   } while (0)
 
 // Device buffers are written by the backend on its own stream, which the comm's stream does not
-// wait for: the device settles before a collective reads device memory. (The backend's later
-// work is enqueued only after the collective is seen complete, so it reads the result.)
+// wait for: before a collective reads device memory, the comm's stream waits for an event
+// recorded on the backend's stream (all the backend's work so far), or, when the process does
+// not have exactly one cuda backend to ask (lks__cuda_work_stream), for the whole device. (The
+// backend's later work is enqueued only after the collective is seen complete, so it reads the
+// result.)
 static int settle(nccl_comm *n, const char *coll, lks_comm_where w) {
-  NC_CUDA(n, coll, w, cudaDeviceSynchronize());
+  cudaStream_t bs = lks__cuda_work_stream();
+  if (!bs) {
+    NC_CUDA(n, coll, w, cudaDeviceSynchronize());
+    return 0;
+  }
+  NC_CUDA(n, coll, w, cudaEventRecord(n->ev, bs));
+  NC_CUDA(n, coll, w, cudaStreamWaitEvent(n->st, n->ev, 0));
   return 0;
 }
 
@@ -222,7 +232,8 @@ static int gather(nccl_comm *n, const void *send, void *recv, size_t bytes, cons
   NC_ENQ(n, coll, w, ncclAllGather(mine, n->dev, bytes, ncclUint8, n->nc, n->st));
   LKS_TRY(nc_wait(n, coll, w));
   NC_CUDA(n, coll, w, cudaMemcpy(recv, n->dev, total, cudaMemcpyDefault));
-  if (dr) LKS_TRY(settle(n, coll, w));  // a device-to-device cudaMemcpy does not wait
+  // A device-to-device cudaMemcpy may return before the copy is done.
+  if (dr) NC_CUDA(n, coll, w, cudaDeviceSynchronize());
   return 0;
 }
 
@@ -334,6 +345,7 @@ static void nc_free(lks_comm *c) {
       ncclCommAbort(n->nc);
   }
   if (n->dev) cudaFree(n->dev);
+  if (n->ev) cudaEventDestroy(n->ev);
   if (n->st) cudaStreamDestroy(n->st);
   free(n);
 }
@@ -376,6 +388,7 @@ static int nc_init(nccl_comm *n, double timeout_s, int device) {
   n->device = dev;
   LKS_CUDA_TRY(cudaSetDevice(dev));
   LKS_CUDA_TRY(cudaStreamCreateWithFlags(&n->st, cudaStreamNonBlocking));
+  LKS_CUDA_TRY(cudaEventCreateWithFlags(&n->ev, cudaEventDisableTiming));
   ncclUniqueId id;
   memset(&id, 0, sizeof id);
   if (c->rank == 0) {

@@ -59,6 +59,33 @@ cudaError_t lks__cu_gemv_down_add(cudaStream_t st, float *out, int64_t ldo, cons
                                   const float *scale, const float *h, int64_t ldh,
                                   const void *down, int wdt, int64_t ld_down, int64_t n,
                                   int64_t M, int64_t K);
+// The matrix kernel over a group table (the moe op): entry g = {expert, first, count, 0} of
+// groups[0 .. n_groups) makes pairs first .. first + count - 1 use the weights wt[expert] (gate,
+// or down) and wt2[expert] (up; wt2 NULL: none), each [M, K] with row stride ldw: out[orows[p]]
+// = w x[xrows[p]] (and out2 likewise), row stride ldo. Entries with count 0 do nothing. The
+// arithmetic per element is lks__cu_gemv's. tab_aligned: every table entry is 16-byte aligned.
+// n_rows: the batch's activation rows (it only picks the launch shape).
+cudaError_t lks__cu_gemv_grouped(cudaStream_t st, float *out, float *out2, int64_t ldo,
+                                 const float *x, int64_t ldx, const int32_t *xrows,
+                                 const int32_t *orows, const int4 *groups, int64_t n_groups,
+                                 const void *const *wt, const void *const *wt2, int64_t ldw,
+                                 int wdt, int tab_aligned, int64_t n_rows, int64_t M, int64_t K);
+// Routing of n rows (lks__cu_route's results in ids, w [n, top_k]) and the dispatch plan of the
+// local experts [e0, e0 + nl) (cuda/moe.cu says what it holds), in one single-block launch.
+// scratch: lks__cu_route_plan_scratch(E) bytes; groups: n_groups entries; prow, pidx: n * top_k.
+size_t lks__cu_route_plan_scratch(int E);
+cudaError_t lks__cu_route_plan(cudaStream_t st, const float *logits, int64_t ld, const float *bias,
+                               int n, int E, int top_k, int n_group, int topk_group, int norm,
+                               float scaling, float *scratch, int32_t *ids, float *w, int e0,
+                               int nl, int4 *groups, int n_groups, int32_t *prow, int32_t *pidx);
+// out[r] = fma(w[r, j], d[r * top_k + j], out[r]) for j in order over the local pairs.
+cudaError_t lks__cu_moe_combine(cudaStream_t st, float *out, int64_t ldo, const float *d,
+                                int64_t ldd, const int32_t *ids, const float *w, int n, int top_k,
+                                int e0, int nl, int64_t cols);
+// The stream of the one live cuda backend of this process (NULL when there is none or several):
+// the NCCL comm orders its collectives after the backend's work with an event on it.
+cudaStream_t lks__cuda_work_stream(void);
+
 // dst[r, c] = src[r, c] converted (src F32/BF16/F16; dst F32 or BF16).
 cudaError_t lks__cu_convert(cudaStream_t st, void *dst, int ddt, int64_t ldd, const void *src,
                             int sdt, int64_t lds, int64_t rows, int64_t cols);

@@ -145,7 +145,13 @@ __global__ void gather_rows_k(float *out, int64_t ldo, const float *x, int64_t l
 // mode: 0 store d (+ b), 1 add d (+ b), 2 out = fma(scale[t], d, out) (scale NULL: 1), the
 // expert's weighted scatter-add. One lane writes all rows of one column in row order: repeated
 // output rows of one group add up in order (the expert path keeps repeated rows to one group).
+//
+// Grouped mode (groups non-NULL, the moe op): blockIdx.y is an entry {expert, first, count, 0}
+// of the group table; the warp serves rows first .. first + count - 1 (count 0: none) with the
+// weights of wt[expert] (and wt2[expert]) instead of w (and w2); the arithmetic is unchanged.
 struct GemvArgs {
+  const int4 *groups;
+  const void *const *wt, *const *wt2;
   float *out, *out2;
   int64_t ldo, ldo2;
   const float *x;
@@ -168,7 +174,19 @@ __global__ void gemv_k(GemvArgs a) {
   int64_t Mt = a.M + a.M2;
   int64_t m0 = ((int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
   if (m0 >= Mt) return;
-  int t0 = (int)blockIdx.y * GT, nt = min(GT, a.n - t0);
+  int t0, nt;
+  const void *w1 = a.w, *w2 = a.w2;
+  if (a.groups) {
+    int4 g = a.groups[blockIdx.y];
+    if (g.z <= 0) return;
+    t0 = g.y;
+    nt = g.z;
+    w1 = a.wt[g.x];
+    if (a.wt2) w2 = a.wt2[g.x];
+  } else {
+    t0 = (int)blockIdx.y * GT;
+    nt = min(GT, a.n - t0);
+  }
   const char *wr[R];
   float *orow[R];
   int64_t ldo[R];
@@ -180,7 +198,7 @@ __global__ void gemv_k(GemvArgs a) {
     if (!live[r]) m = m0;  // computed, never written
     bool second = m >= a.M;
     int64_t mm = second ? m - a.M : m;
-    wr[r] = (const char *)row_of(second ? a.w2 : a.w, DT, mm, second ? a.ldw2 : a.ldw);
+    wr[r] = (const char *)row_of(second ? w2 : w1, DT, mm, second ? a.ldw2 : a.ldw);
     orow[r] = (second ? a.out2 : a.out) + mm;
     ldo[r] = second ? a.ldo2 : a.ldo;
   }
@@ -279,16 +297,23 @@ void launch_gemv_r(cudaStream_t st, const GemvArgs &a, int wdt, bool vec, dim3 g
     gemv_k<LKS_F32, false, R><<<grid, threads, 0, st>>>(a);
 }
 
-cudaError_t launch_gemv(cudaStream_t st, const GemvArgs &a, int wdt) {
+// n_groups: the entries of a.groups (grouped mode, where the caller has checked that every
+// table entry is 16-byte aligned when tab_aligned); else ignored.
+cudaError_t launch_gemv(cudaStream_t st, const GemvArgs &a, int wdt, int64_t n_groups = 0,
+                        bool tab_aligned = false) {
   if (a.n <= 0 || a.M + a.M2 <= 0) return cudaGetLastError();
-  int64_t groups = ((int64_t)a.n + GT - 1) / GT;
+  int64_t groups = a.groups ? n_groups : ((int64_t)a.n + GT - 1) / GT;
+  if (groups <= 0) return cudaGetLastError();
   if (groups > 65535) return cudaErrorInvalidValue;
-  bool vec = wdt == LKS_BF16 && a.K % 8 == 0 && a.ldw % 8 == 0 && aligned16(a.w) &&
-             a.ldx % 4 == 0 && aligned16(a.x) && (!a.w2 || (a.ldw2 % 8 == 0 && aligned16(a.w2)));
-  // Decode (one group) spreads the weights over as many warps as possible; larger batches give
+  bool w_ok = a.groups ? tab_aligned
+                       : aligned16(a.w) && (!a.w2 || aligned16(a.w2));
+  bool vec = wdt == LKS_BF16 && a.K % 8 == 0 && a.ldw % 8 == 0 && w_ok && a.ldx % 4 == 0 &&
+             aligned16(a.x) && (!(a.w2 || a.wt2) || a.ldw2 % 8 == 0);
+  // Decode (a few rows) spreads the weights over as many warps as possible; larger batches give
   // each warp 4 weight rows, so that every activation chunk it loads serves 4 x 8 products.
-  // Either way the arithmetic of an element is the same (see above).
-  int R = groups == 1 ? 1 : 4;
+  // Either way the arithmetic of an element is the same (see above). a.n is the batch's rows
+  // (in grouped mode: the activation rows the pairs come from).
+  int R = (a.groups ? a.n <= GT : groups == 1) ? 1 : 4;
   int64_t rows_per_block = 8 * (int64_t)R;
   dim3 grid((unsigned)((a.M + a.M2 + rows_per_block - 1) / rows_per_block), (unsigned)groups);
   if (R == 1)
@@ -331,6 +356,9 @@ __global__ void attention_k(float *out, int64_t ldo, const float *q, int64_t ldq
       slots[p] = table[pp / bs] * bs + pp % bs;
     }
     __syncthreads();
+    // Unrolled so that the loads of several positions are in flight at once (decode runs one
+    // block per head: latency, not bandwidth, bounds it); the arithmetic per position is unchanged.
+#pragma unroll 4
     for (int p = warp; p < cn; p += nw) {
       const float *kr = K + (int64_t)slots[p] * kv_ld + (int64_t)kvh * hd;
       float d = 0.0f;
@@ -356,6 +384,7 @@ __global__ void attention_k(float *out, int64_t ldo, const float *q, int64_t ldq
     for (int d = tid; d < hd; d += blockDim.x) {
       float a = acc[d] * alpha;
       const float *vb = V + (int64_t)kvh * hd + d;
+#pragma unroll 8
       for (int p = 0; p < cn; p++) a += s[p] * vb[(int64_t)slots[p] * kv_ld];
       acc[d] = a;
     }
@@ -536,6 +565,30 @@ cudaError_t lks__cu_gemv_down_add(cudaStream_t st, float *out, int64_t ldo, cons
   a.K = K;
   a.mode = 2;
   return launch_gemv(st, a, wdt);
+}
+
+cudaError_t lks__cu_gemv_grouped(cudaStream_t st, float *out, float *out2, int64_t ldo,
+                                 const float *x, int64_t ldx, const int32_t *xrows,
+                                 const int32_t *orows, const int4 *groups, int64_t n_groups,
+                                 const void *const *wt, const void *const *wt2, int64_t ldw,
+                                 int wdt, int tab_aligned, int64_t n_rows, int64_t M, int64_t K) {
+  GemvArgs a = {};
+  a.groups = groups;
+  a.wt = wt;
+  a.wt2 = wt2;
+  a.out = out;
+  a.out2 = out2;
+  a.ldo = a.ldo2 = ldo;
+  a.x = x;
+  a.ldx = ldx;
+  a.xrows = xrows;
+  a.orows = orows;
+  a.ldw = a.ldw2 = ldw;
+  a.M = M;
+  a.M2 = wt2 ? M : 0;
+  a.n = (int)n_rows;
+  a.K = K;
+  return launch_gemv(st, a, wdt, n_groups, tab_aligned != 0);
 }
 
 cudaError_t lks__cu_convert(cudaStream_t st, void *dst, int ddt, int64_t ldd, const void *src,

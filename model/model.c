@@ -571,6 +571,20 @@ static int moe(lks_model *m, const layer_w *L, lks_tensor x, lks_tensor h, int n
   LKS_TRY(be->ops->matmul(be, rl, h, L->router, none, false));
   lks_route_params p = {c->n_experts, c->top_k, c->n_group, c->topk_group, c->norm_topk_prob,
                         c->routed_scaling};
+  int n_calls = 0;  // expert calls for lks_backend_experts
+  if (be->ops->moe) {
+    // The backend routes and runs the experts itself (the routing stays on its device).
+    lks_moe_experts ex = {&L->experts[0].gate, &L->experts[0].up, &L->experts[0].down,
+                          sizeof(ffn_w) / sizeof(lks_tensor), m->sh.e0, m->sh.n_experts};
+    int rc = be->ops->moe(be, x, h, rl, L->e_bias, &p, &ex, NULL, NULL);
+    if (rc != LKS_EUNSUPPORTED) {
+      LKS_TRY(rc);
+      goto shared;
+    }
+    static bool told;
+    if (!told) LKS_LOG(LKS_LOG_INFO, "moe: %s; routing on the host instead", lks_last_error());
+    told = true;
+  }
   LKS_TRY(be->ops->route(be, rl, L->e_bias, &p, m->route_ids, m->route_w));
   // Counting sort of (row, weight) pairs by expert: exp_count[e] .. exp_count[e+1].
   int *cnt = m->exp_count;
@@ -587,7 +601,7 @@ static int moe(lks_model *m, const layer_w *L, lks_tensor x, lks_tensor h, int n
   // rank's block of experts runs here; the others' contributions arrive in the all-reduce. All
   // of them and the shared expert go to the backend at once (one parallel phase each for the
   // gate/up and the down products on the CPU), in the order of one call per expert.
-  int e_lo = m->sh.e0, e_hi = m->sh.e0 + m->sh.n_experts, n_calls = 0;
+  int e_lo = m->sh.e0, e_hi = m->sh.e0 + m->sh.n_experts;
   for (int e = 0, start = 0; e < c->n_experts; e++) {
     int end = cnt[e];
     if (end > start && e >= e_lo && e < e_hi) {
@@ -597,6 +611,7 @@ static int moe(lks_model *m, const layer_w *L, lks_tensor x, lks_tensor h, int n
     }
     start = end;
   }
+shared:
   if (c->n_shared > 0)
     m->exp_calls[n_calls++] =
         (lks_expert_call){L->shared.gate, L->shared.up, L->shared.down, NULL, NULL, n};
@@ -687,15 +702,54 @@ static int check_batch(const lks_model *m, const lks_batch *b) {
   return 0;
 }
 
+typedef struct {
+  lks_model *m;
+  lks_kv_cache *kv;
+  const lks_batch *b;
+  const lks_attn_rows *rows;
+  lks_tensor *logits, *hidden;
+} fwd_step;
+
+static int forward_step(void *ctx);
+
+// Small batches without collectives may be recorded and replayed by the backend
+// (lks_backend_step): the op sequence of a forward is fixed by the row count, the outputs asked
+// for, the sequences addressed, the block-table width and the cache (every buffer is fixed while
+// the activations do not grow). 0: run as called.
+static uint64_t step_key(const lks_model *m, const lks_kv_cache *kv, const lks_batch *b,
+                         const lks_attn_rows *rows, bool logits) {
+  if (m->comm || b->n > 64) return 0;
+  int n_seqs = 0;
+  for (int i = 0; i < b->n; i++)
+    if (b->seq[i] + 1 > n_seqs) n_seqs = b->seq[i] + 1;
+  uint64_t k = 1469598103934665603ull;
+  uint64_t parts[] = {(uint64_t)b->n,        (uint64_t)b->n_out,       (uint64_t)n_seqs,
+                      (uint64_t)rows->max_blocks, (uint64_t)(uintptr_t)kv, (uint64_t)m->a.cap,
+                      (uint64_t)logits};
+  for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) k = (k ^ parts[i]) * 1099511628211ull;
+  return k ? k : 1;
+}
+
 int lks_model_forward(lks_model *m, lks_kv_cache *kv, const lks_batch *b, lks_tensor *logits,
                       lks_tensor *hidden) {
-  const lks_config *c = &m->cfg;
-  lks_backend *be = m->be;
   LKS_TRY(check_batch(m, b));
   LKS_TRY(reserve(m, b->n));
-  int n = b->n;
-  lks_attn_rows rows = {.n = n, .seq = b->seq, .pos = b->pos};
+  lks_attn_rows rows = {.n = b->n, .seq = b->seq, .pos = b->pos};
   LKS_TRY(lks_kv_rows(kv, &rows, m->slots));
+  fwd_step f = {m, kv, b, &rows, logits, hidden};
+  return lks_backend_step(m->be, step_key(m, kv, b, &rows, logits != NULL), forward_step, &f);
+}
+
+static int forward_step(void *ctx) {
+  fwd_step *f = ctx;
+  lks_model *m = f->m;
+  lks_kv_cache *kv = f->kv;
+  const lks_batch *b = f->b;
+  lks_tensor *logits = f->logits, *hidden = f->hidden;
+  const lks_attn_rows rows = *f->rows;
+  const lks_config *c = &m->cfg;
+  lks_backend *be = m->be;
+  int n = b->n;
   lks_tensor x = act(m->a.x, n, c->hidden);
   LKS_TRY(be->ops->embed(be, x, m->embed, b->tokens));
   for (int l = 0; l < c->n_layers; l++)

@@ -4,8 +4,10 @@
 # machine with an NVIDIA GPU; a build machine without one compiles all of it but runs none.
 #
 # usage: bash tests/gpu/run.sh [BUILD_DIR]      (default: build-gpu in the source tree)
-#   STEPS="ops model spec shard gen bench"   the steps to run after the build (default: all),
-#                  e.g. STEPS=ops for a quick check; each step is a few minutes at most
+#   STEPS="ops shard gen bench model spec"   the steps to run after the build, in this order
+#                  (default: all), e.g. STEPS=ops for a quick check; each step is a few minutes
+#                  at most
+#   JOBS=N         build parallelism (default: nproc)
 #   BENCH=0        skip the benchmark (its model is about 4 GB, generated once into BUILD_DIR)
 #   BENCH_GEN=...  generator options of the benchmark model (default below)
 #   CUDA_ARCHS=..  the architectures to build (default: the first GPU's, e.g. 90 on an H100/H200)
@@ -50,6 +52,8 @@ row() {  # name result note
   NAMES+=("$1") RESULTS+=("$2") NOTES+=("$3")
   [ "$2" = FAIL ] && FAILED=1
   printf '== %-44s %-5s %s\n' "$1" "$2" "$3"
+  # Row by row where the caller wants them too, so that a run cut short still reports.
+  [ -z "${OUT:-}" ] || { mkdir -p "$OUT" && printf '%-44s %-5s %s\n' "$1" "$2" "$3" >>"$OUT/gpu-rows.txt"; }
 }
 
 # check NAME COMMAND...: PASS when the command exits 0; its output in $LOGS/NAME.log.
@@ -134,7 +138,7 @@ fi
 # 1. build
 if cmake -S "$SRC" -B "$B" "${CM[@]}" >"$LOGS/configure.log" 2>&1 &&
    grep -q "the cuda backend is built" "$LOGS/configure.log" &&
-   cmake --build "$B" -j"$(nproc)" >"$LOGS/build.log" 2>&1; then
+   cmake --build "$B" -j"${JOBS:-$(nproc)}" >"$LOGS/build.log" 2>&1; then
   row "build with CUDA" PASS "$(grep -o 'CUDA [0-9.]* ([0-9;]*)' "$LOGS/configure.log" | head -n 1), $(($(date +%s) - T0)) s"
 else
   row "build with CUDA" FAIL "see configure.log and build.log"
@@ -143,7 +147,7 @@ else
   exit 1
 fi
 LKS=$B/lockstep
-STEPS=" ${STEPS:-ops model spec shard gen bench} "
+STEPS=" ${STEPS:-ops shard gen bench model spec} "
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 
 # 2. every op against the CPU
@@ -151,6 +155,91 @@ SEED=${SEED:-$(date +%s)}
 want ops && check "ops vs cpu (test_cuda_ops, seed $SEED)" "$B/tests/test_cuda_ops" "$SEED"
 want ops && row "ops: batch = each row alone (bitwise)" INFO "$(grep -c 'alone (bitwise).*ok$' "$LOGS"/ops*.log) ok, $(grep -c 'alone (bitwise).*FAIL$' "$LOGS"/ops*.log) failed"
 want ops && row "ops: largest error vs cpu" INFO "$(grep -v bitwise "$LOGS"/ops*.log | sed -n 's/.*rel err \([0-9.e+-]*\) .*/\1/p' | sort -g | tail -n 1)"
+
+# 5. world 2 against world 1 on the GPU
+want shard && ctest --test-dir "$B" -R '^gen_f32_(base|grouped_topk)$' >"$LOGS/shard_fixtures.log" 2>&1
+want shard && for m in f32_base f32_grouped_topk; do
+  check "shard $m w1 (cuda)" env LKS_TEST_BACKEND=cuda \
+    mpirun --oversubscribe -np 1 "$B/tests/test_shard" "$B/testmodels/$m"
+  check "shard $m w2, mpi on one GPU" env LKS_TEST_BACKEND=cuda LKS_TEST_COMM=mpi \
+    mpirun --oversubscribe -np 2 "$B/tests/test_shard" "$B/testmodels/$m"
+  if [ "$NGPU" -ge 2 ]; then
+    check "shard $m w2, nccl" env LKS_TEST_BACKEND=cuda LKS_TEST_COMM=nccl \
+      mpirun --oversubscribe -np 2 "$B/tests/test_shard" "$B/testmodels/$m"
+  fi
+done
+
+# 6. generate: GPU against CPU, and world 2 against world 1 on the GPU
+if want gen; then
+gen() { timeout -k 5 "$T" "$@" --model "$B/models/default" --prompt-ids 1,2,3,4,5,6,7,8 -n 48 --ignore-eos; }
+gen "$LKS" generate --backend cpu >"$LOGS/gen_cpu.txt" 2>"$LOGS/gen_cpu.log"
+LKS_CUDA_GRAPHS=1 gen "$LKS" generate --backend cuda >"$LOGS/gen_cuda.txt" 2>"$LOGS/gen_cuda.log"
+LKS_CUDA_GRAPHS=0 gen "$LKS" generate --backend cuda >"$LOGS/gen_cuda_nographs.txt" 2>"$LOGS/gen_cuda_nographs.log"
+gen mpirun --oversubscribe -np 2 "$LKS" generate --backend cuda --comm $COMM \
+  >"$LOGS/gen_cuda_w2.txt" 2>"$LOGS/gen_cuda_w2.log"
+# same_tokens NAME A B: PASS when both files hold the same 48 comma-separated ids, else FAIL
+# with the first position where they differ.
+same_tokens() {
+  local n
+  n=$(tr ',' '\n' <"$2" | grep -c .)
+  if [ "$n" != 48 ]; then
+    row "$1" FAIL "$n tokens in $2 (want 48), see its .log"
+  elif cmp -s "$2" "$3"; then
+    row "$1" PASS "48 greedy tokens identical"
+  else
+    local at
+    at=$(paste -d' ' <(tr ',' '\n' <"$2") <(tr ',' '\n' <"$3") | awk '$1 != $2 {print NR - 1; exit}')
+    row "$1" FAIL "first difference at generated token $at: $2 vs $3"
+  fi
+}
+same_tokens "generate: cuda tokens = cpu tokens" "$LOGS/gen_cuda.txt" "$LOGS/gen_cpu.txt"
+same_tokens "generate: cuda, no CUDA graphs = cpu tokens" "$LOGS/gen_cuda_nographs.txt" "$LOGS/gen_cpu.txt"
+row "generate: CUDA graphs recorded" INFO "$(grep -c 'recorded as a CUDA graph' "$LOGS/gen_cuda.log") first recording(s) logged, $(grep -c 'could not be recorded\|did not replay' "$LOGS/gen_cuda.log") failure(s)"
+same_tokens "generate: cuda w2 ($COMM) = cuda w1" "$LOGS/gen_cuda_w2.txt" "$LOGS/gen_cuda.txt"
+fi
+
+# 7. benchmark
+if want bench && [ "${BENCH:-1}" != 0 ]; then
+  "$B/tests/test_cuda_ops" --rates >"$LOGS/rates.log" 2>&1
+  BW=$(sed -n 's/^d2d copy bandwidth: \([0-9.]*\) GB\/s.*/\1/p' "$LOGS/rates.log")
+  TF=$(sed -n 's/^bf16 matmul rate: \([0-9.]*\) TFLOP\/s.*/\1/p' "$LOGS/rates.log")
+  TB=$(sed -n 's/^backend matmul rate: \([0-9.]*\) TFLOP\/s.*/\1/p' "$LOGS/rates.log")
+  row "d2d copy bandwidth" INFO "${BW:-?} GB/s (read + written)"
+  row "bf16 matmul rate (cuBLAS, tensor cores)" INFO "${TF:-?} TFLOP/s"
+  row "backend matmul rate (exact f32 kernel)" INFO "${TB:-?} TFLOP/s"
+  row "backend decode matmul" INFO "$(sed -n 's/^backend decode matmul: //p' "$LOGS/rates.log")"
+  row "backend small matmul" INFO "$(sed -n 's/^backend small matmul (1 x 64 x 64): //p' "$LOGS/rates.log")"
+  BM=$B/bench-model
+  BENCH_GEN=${BENCH_GEN:---preset air-1g --hidden 2048 --heads 32 --kv-heads 4 --head-dim 64 --layers 12 --moe-inter 704 --inter 5472 --vocab 32768 --dtype bf16 --shards 4 --seed 3}
+  if [ ! -f "$BM/config.json" ]; then
+    # shellcheck disable=SC2086
+    timeout "$T" $PY "$SRC/tools/gen_model.py" --out "$BM" $BENCH_GEN >"$LOGS/bench_gen.log" 2>&1 ||
+      row "bench model" FAIL "see $LOGS/bench_gen.log"
+  fi
+  row "bench model" INFO "$(du -sh "$BM" 2>/dev/null | cut -f1) BF16 at $BM"
+  for G in 0 1; do
+  BL=$LOGS/bench_graphs$G.log
+  if timeout -k 10 "$T" env LKS_CUDA_GRAPHS=$G "$LKS" bench --model "$BM" --backend cuda --prefill-len 512 \
+      --decode-len 128 --repeats ${BENCH_REPEATS:-3} --max-seq-len 1024 >"$BL" 2>&1; then
+    GN=$([ $G = 1 ] && echo "with CUDA graphs" || echo "no CUDA graphs")
+    DEC=$(sed -n 's/^decode: .* = \([0-9.]*\) tokens\/s.*/\1/p' "$BL")
+    PRE=$(sed -n 's/^prefill: .* = \([0-9.]*\) tokens\/s.*/\1/p' "$BL")
+    ACH=$(sed -n 's/^achieved: \([0-9.]*\) GB\/s.*/\1/p' "$BL")
+    WMB=$(sed -n 's/^bytes read per decoded token on rank 0: .*(weights \([0-9.]*\) MB.*/\1/p' "$BL")
+    FRAC=$($PY -c "print('%.2f' % (float('$ACH') / float('$BW')))" 2>/dev/null || echo "?")
+    # BF16: 2 bytes and 2 FLOPs per active parameter, so FLOPs per token = weight bytes per token.
+    PF=$($PY -c "print('%.2f' % (float('$PRE') * float('$WMB') * 1e6 / (float('$TF') * 1e12)))" 2>/dev/null || echo "?")
+    RES=FAIL
+    [ "$FRAC" != "?" ] && $PY -c "import sys; sys.exit(0 if float('$FRAC') >= 0.7 else 1)" && RES=PASS
+    row "decode ($GN)" "$RES" "${DEC:-?} tokens/s, ${ACH:-?} GB/s = $FRAC of copy bw (bound >= 0.7)"
+    PB=$($PY -c "print('%.2f' % (float('$PRE') * float('$WMB') * 1e6 / (float('$TB') * 1e12)))" 2>/dev/null || echo "?")
+    row "prefill 512 tokens ($GN)" INFO "${PRE:-?} tokens/s = $PF of the bf16 rate, $PB of the backend's"
+    [ $G = 1 ] && row "bench: CUDA graphs recorded" INFO "$(grep -c 'recorded as a CUDA graph' "$BL") first recording(s) logged, $(grep -c 'could not be recorded\|did not replay' "$BL") failure(s)"
+  else
+    row "bench --backend cuda, LKS_CUDA_GRAPHS=$G" FAIL "see $BL"
+  fi
+  done
+fi
 
 # 3. the model tests on the GPU
 if want model; then
@@ -175,83 +264,6 @@ fi
 want spec && check "spec tests (cuda, comm $COMM)" env LKS_BACKEND=cuda LKS_COMM=$COMM \
   ctest --test-dir "$B" -L spec -E serve --output-on-failure
 
-# 5. world 2 against world 1 on the GPU
-want shard && ctest --test-dir "$B" -R '^gen_f32_(base|grouped_topk)$' >"$LOGS/shard_fixtures.log" 2>&1
-want shard && for m in f32_base f32_grouped_topk; do
-  check "shard $m w1 (cuda)" env LKS_TEST_BACKEND=cuda \
-    mpirun --oversubscribe -np 1 "$B/tests/test_shard" "$B/testmodels/$m"
-  check "shard $m w2, mpi on one GPU" env LKS_TEST_BACKEND=cuda LKS_TEST_COMM=mpi \
-    mpirun --oversubscribe -np 2 "$B/tests/test_shard" "$B/testmodels/$m"
-  if [ "$NGPU" -ge 2 ]; then
-    check "shard $m w2, nccl" env LKS_TEST_BACKEND=cuda LKS_TEST_COMM=nccl \
-      mpirun --oversubscribe -np 2 "$B/tests/test_shard" "$B/testmodels/$m"
-  fi
-done
-
-# 6. generate: GPU against CPU, and world 2 against world 1 on the GPU
-if want gen; then
-gen() { timeout -k 5 "$T" "$@" --model "$B/models/default" --prompt-ids 1,2,3,4,5,6,7,8 -n 48 --ignore-eos; }
-gen "$LKS" generate --backend cpu >"$LOGS/gen_cpu.txt" 2>"$LOGS/gen_cpu.log"
-gen "$LKS" generate --backend cuda >"$LOGS/gen_cuda.txt" 2>"$LOGS/gen_cuda.log"
-gen mpirun --oversubscribe -np 2 "$LKS" generate --backend cuda --comm $COMM \
-  >"$LOGS/gen_cuda_w2.txt" 2>"$LOGS/gen_cuda_w2.log"
-# same_tokens NAME A B: PASS when both files hold the same 48 comma-separated ids, else FAIL
-# with the first position where they differ.
-same_tokens() {
-  local n
-  n=$(tr ',' '\n' <"$2" | grep -c .)
-  if [ "$n" != 48 ]; then
-    row "$1" FAIL "$n tokens in $2 (want 48), see its .log"
-  elif cmp -s "$2" "$3"; then
-    row "$1" PASS "48 greedy tokens identical"
-  else
-    local at
-    at=$(paste -d' ' <(tr ',' '\n' <"$2") <(tr ',' '\n' <"$3") | awk '$1 != $2 {print NR - 1; exit}')
-    row "$1" FAIL "first difference at generated token $at: $2 vs $3"
-  fi
-}
-same_tokens "generate: cuda tokens = cpu tokens" "$LOGS/gen_cuda.txt" "$LOGS/gen_cpu.txt"
-same_tokens "generate: cuda w2 ($COMM) = cuda w1" "$LOGS/gen_cuda_w2.txt" "$LOGS/gen_cuda.txt"
-fi
-
-# 7. benchmark
-if want bench && [ "${BENCH:-1}" != 0 ]; then
-  "$B/tests/test_cuda_ops" --rates >"$LOGS/rates.log" 2>&1
-  BW=$(sed -n 's/^d2d copy bandwidth: \([0-9.]*\) GB\/s.*/\1/p' "$LOGS/rates.log")
-  TF=$(sed -n 's/^bf16 matmul rate: \([0-9.]*\) TFLOP\/s.*/\1/p' "$LOGS/rates.log")
-  TB=$(sed -n 's/^backend matmul rate: \([0-9.]*\) TFLOP\/s.*/\1/p' "$LOGS/rates.log")
-  row "d2d copy bandwidth" INFO "${BW:-?} GB/s (read + written)"
-  row "bf16 matmul rate (cuBLAS, tensor cores)" INFO "${TF:-?} TFLOP/s"
-  row "backend matmul rate (exact f32 kernel)" INFO "${TB:-?} TFLOP/s"
-  row "backend decode matmul" INFO "$(sed -n 's/^backend decode matmul: //p' "$LOGS/rates.log")"
-  row "backend small matmul" INFO "$(sed -n 's/^backend small matmul (1 x 64 x 64): //p' "$LOGS/rates.log")"
-  BM=$B/bench-model
-  BENCH_GEN=${BENCH_GEN:---preset air-1g --hidden 2048 --heads 32 --kv-heads 4 --head-dim 64 --layers 12 --moe-inter 704 --inter 5472 --vocab 32768 --dtype bf16 --shards 4 --seed 3}
-  if [ ! -f "$BM/config.json" ]; then
-    # shellcheck disable=SC2086
-    timeout "$T" $PY "$SRC/tools/gen_model.py" --out "$BM" $BENCH_GEN >"$LOGS/bench_gen.log" 2>&1 ||
-      row "bench model" FAIL "see $LOGS/bench_gen.log"
-  fi
-  row "bench model" INFO "$(du -sh "$BM" 2>/dev/null | cut -f1) BF16 at $BM"
-  if timeout -k 10 "$T" "$LKS" bench --model "$BM" --backend cuda --prefill-len 512 --decode-len 128 --repeats 3 \
-      --max-seq-len 1024 >"$LOGS/bench.log" 2>&1; then
-    DEC=$(sed -n 's/^decode: .* = \([0-9.]*\) tokens\/s.*/\1/p' "$LOGS/bench.log")
-    PRE=$(sed -n 's/^prefill: .* = \([0-9.]*\) tokens\/s.*/\1/p' "$LOGS/bench.log")
-    ACH=$(sed -n 's/^achieved: \([0-9.]*\) GB\/s.*/\1/p' "$LOGS/bench.log")
-    WMB=$(sed -n 's/^bytes read per decoded token on rank 0: .*(weights \([0-9.]*\) MB.*/\1/p' "$LOGS/bench.log")
-    FRAC=$($PY -c "print('%.2f' % (float('$ACH') / float('$BW')))" 2>/dev/null || echo "?")
-    # BF16: 2 bytes and 2 FLOPs per active parameter, so FLOPs per token = weight bytes per token.
-    PF=$($PY -c "print('%.2f' % (float('$PRE') * float('$WMB') * 1e6 / (float('$TF') * 1e12)))" 2>/dev/null || echo "?")
-    RES=FAIL
-    [ "$FRAC" != "?" ] && $PY -c "import sys; sys.exit(0 if float('$FRAC') >= 0.7 else 1)" && RES=PASS
-    row "decode (no CUDA graphs)" "$RES" "${DEC:-?} tokens/s, ${ACH:-?} GB/s = $FRAC of copy bw (bound >= 0.7)"
-    PB=$($PY -c "print('%.2f' % (float('$PRE') * float('$WMB') * 1e6 / (float('$TB') * 1e12)))" 2>/dev/null || echo "?")
-    row "prefill 512 tokens" INFO "${PRE:-?} tokens/s = $PF of the bf16 rate, $PB of the backend's"
-    row "decode with CUDA graphs" INFO "none: routing is decided on the host each layer"
-  else
-    row "bench --backend cuda" FAIL "see $LOGS/bench.log"
-  fi
-fi
 
 finish
 exit $FAILED

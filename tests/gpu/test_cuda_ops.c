@@ -565,6 +565,162 @@ static void t_expert_batch(void) {
     }
 }
 
+// ---- moe: routing and every selected expert on the device, one call ----
+
+typedef struct {
+  lks_tensor gate, up, down;
+} ffn_t;
+
+// The CPU reference of the moe op: route, then each row's selected experts in rank order (the
+// local ones only), one expert call per pair.
+static void cpu_moe(lks_tensor out, lks_tensor x, lks_tensor logits, lks_tensor bias,
+                    const lks_route_params *p, const ffn_t *ex, int e0, int nl, int32_t *ids,
+                    float *w) {
+  int n = (int)logits.rows, k = p->top_k;
+  TRY(CPU->ops->route(CPU, logits, bias, p, ids, w));
+  for (int r = 0; r < n; r++)
+    for (int j = 0; j < k; j++) {
+      int e = ids[r * k + j];
+      if (e < e0 || e >= e0 + nl) continue;
+      TRY(CPU->ops->expert(CPU, out, x, &r, &w[r * k + j], 1, ex[e].gate, ex[e].up, ex[e].down));
+    }
+}
+
+static void t_moe(void) {
+  struct {
+    int E, k, g, tg, e0, nl;
+    lks_dtype dt;
+  } cfg[] = {{16, 4, 1, 1, 0, 16, LKS_BF16}, {32, 8, 4, 2, 0, 32, LKS_BF16},
+             {16, 4, 4, 2, 8, 8, LKS_F32},   {32, 8, 1, 1, 16, 16, LKS_BF16},
+             {24, 6, 1, 1, 0, 24, LKS_F16}};
+  int ns[] = {1, 3, 8, 9, 33};
+  for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
+    int E = cfg[ci].E, k = cfg[ci].k, H = 256, I = 96, N = 40;
+    ffn_t ec[32], eg[32];
+    memset(ec, 0, sizeof ec);
+    memset(eg, 0, sizeof eg);
+    for (int e = cfg[ci].e0; e < cfg[ci].e0 + cfg[ci].nl; e++) {
+      tp g = weight(cfg[ci].dt, I, H, false, 0.1f), u = weight(cfg[ci].dt, I, H, false, 0.1f);
+      tp d = weight(cfg[ci].dt, H, I, false, 0.1f);
+      ec[e] = (ffn_t){g.c, u.c, d.c};
+      eg[e] = (ffn_t){g.g, u.g, d.g};
+    }
+    lks_moe_experts exg = {&eg[0].gate, &eg[0].up, &eg[0].down, 3, cfg[ci].e0, cfg[ci].nl};
+    tp bias = weight(LKS_F32, 1, E, false, 0.1f);
+    lks_route_params p = {E, k, cfg[ci].g, cfg[ci].tg, true, 2.5f};
+    tp x = act(N, H, H + 4, false), logits = act(N, E, E + 3, false);
+    for (int ni = 0; ni < 5; ni++) {
+      int n = ns[ni];
+      tp out = act(n, H, H + 2, false);
+      int32_t ic[40 * 8], ig[40 * 8];
+      float wc[40 * 8], wg[40 * 8];
+      for (int i = 0; i < n * k; i++) {
+        ig[i] = -7;
+        wg[i] = NAN;
+      }
+      lks_tensor xc = lks_tensor_rows(x.c, 0, n), xg = lks_tensor_rows(x.g, 0, n);
+      lks_tensor lc = lks_tensor_rows(logits.c, 0, n), lg = lks_tensor_rows(logits.g, 0, n);
+      cpu_moe(out.c, xc, lc, bias.c, &p, ec, cfg[ci].e0, cfg[ci].nl, ic, wc);
+      TRY(GPU->ops->moe(GPU, out.g, xg, lg, bias.g, &p, &exg, ig, wg));
+      int same = 0;
+      double md = 0, mr = 0;
+      for (int i = 0; i < n * k; i++) {
+        same += ic[i] == ig[i];
+        double dd = fabs((double)wg[i] - wc[i]);
+        if (!(dd <= md)) md = dd;
+        if (fabs(wc[i]) > mr) mr = fabs(wc[i]);
+      }
+      char what[160];
+      snprintf(what, sizeof what, "moe: %s, %d experts [%d, +%d), top %d, %d groups, %d rows: ids",
+               dn(cfg[ci].dt), E, cfg[ci].e0, cfg[ci].nl, k, cfg[ci].g, n);
+      check(what, same == n * k ? 0.0 : 1.0, 0);
+      snprintf(what, sizeof what, "moe: %s, %d experts, %d rows: weights", dn(cfg[ci].dt), E, n);
+      check(what, mr > 0 ? md / mr : md, 1e-5);
+      snprintf(what, sizeof what, "moe: %s, %d experts, %d rows: output", dn(cfg[ci].dt), E, n);
+      check(what, cmp(out), 1e-5);
+      // The same rows one at a time, each from a one-row view, onto the same starting output.
+      tp alone = act(n, H, H + 2, false), base = act(n, H, H + 2, false);
+      float *hb = malloc((size_t)n * (H + 2) * 4);
+      TRY(GPU->ops->to_host(GPU, hb, base.g.buf, 0, (size_t)n * (H + 2) * 4));
+      TRY(GPU->ops->from_host(GPU, alone.g.buf, 0, hb, (size_t)n * (H + 2) * 4));
+      TRY(GPU->ops->moe(GPU, base.g, xg, lg, bias.g, &p, &exg, NULL, NULL));
+      for (int r = 0; r < n; r++)
+        TRY(GPU->ops->moe(GPU, lks_tensor_rows(alone.g, r, 1), lks_tensor_rows(x.g, r, 1),
+                          lks_tensor_rows(logits.g, r, 1), bias.g, &p, &exg, NULL, NULL));
+      int64_t bad = -1;
+      int ok = same_bits(base.g, alone.g, n, &bad);
+      snprintf(what, sizeof what, "moe: %s, %d experts, %d rows: batch = each row alone (bitwise)",
+               dn(cfg[ci].dt), E, n);
+      check(what, ok ? 0.0 : 1.0, 0);
+      if (!ok) printf("    first differing row: %lld\n", (long long)bad);
+      free(hb);
+      act_free(base);
+      act_free(alone);
+      act_free(out);
+    }
+    act_free(x);
+    act_free(logits);
+  }
+}
+
+// ---- recorded steps: replayed with new host arrays, the same results as the ops run plainly ----
+
+// One small "step": embed ids, a product, rope at pos, the moe op, arg-max outside the step.
+typedef struct {
+  lks_tensor x, y, logits, bias, w, table;
+  const lks_moe_experts *ex;
+  const lks_route_params *p;
+  const int32_t *ids, *pos;
+  int n;
+} mini_step;
+
+static int run_mini(void *ctx) {
+  mini_step *m = ctx;
+  lks_tensor none0 = {0};
+  LKS_TRY(GPU->ops->embed(GPU, m->x, m->table, m->ids));
+  LKS_TRY(GPU->ops->rope(GPU, m->x, 64, 32, 10000.0f, LKS_ROPE_HALF_SPLIT, m->pos));
+  LKS_TRY(GPU->ops->matmul(GPU, m->logits, m->x, m->w, none0, false));
+  LKS_TRY(GPU->ops->zero(GPU, m->y));
+  return GPU->ops->moe(GPU, m->y, m->x, m->logits, m->bias, m->p, m->ex, NULL, NULL);
+}
+
+static void t_step(void) {
+  int E = 16, k = 4, H = 128, I = 64, n = 2, V = 50;
+  ffn_t eg[16];
+  for (int e = 0; e < E; e++) {
+    tp g = weight(LKS_BF16, I, H, false, 0.1f), u = weight(LKS_BF16, I, H, false, 0.1f);
+    tp d = weight(LKS_BF16, H, I, false, 0.1f);
+    eg[e] = (ffn_t){g.g, u.g, d.g};
+  }
+  lks_moe_experts ex = {&eg[0].gate, &eg[0].up, &eg[0].down, 3, 0, E};
+  lks_route_params p = {E, k, 1, 1, true, 1.5f};
+  tp table = weight(LKS_BF16, V, H, false, 1.0f), w = weight(LKS_BF16, E, H, false, 0.2f);
+  tp bias = weight(LKS_F32, 1, E, false, 0.1f);
+  tp x = act(n, H, H, false), y = act(n, H, H, false), lg = act(n, E, E, false);
+  int32_t ids[2], pos[2];
+  mini_step m = {x.g, y.g, lg.g, bias.g, w.g, table.g, &ex, &p, ids, pos, n};
+  float *plain = malloc((size_t)n * H * 4), *rec = malloc((size_t)n * H * 4);
+  int bad = 0, replays = 0;
+  for (int step = 0; step < 6; step++) {
+    ids[0] = irand(V), ids[1] = irand(V), pos[0] = irand(900), pos[1] = pos[0] + 1;
+    TRY(run_mini(&m));
+    TRY(lks_tensor_to_host_f32(GPU, plain, y.g));
+    TRY(lks_backend_step(GPU, 77, run_mini, &m));
+    TRY(lks_tensor_to_host_f32(GPU, rec, y.g));
+    bad += memcmp(plain, rec, (size_t)n * H * 4) != 0;
+    replays++;
+  }
+  char what[128];
+  snprintf(what, sizeof what, "recorded step (embed, rope, matmul, zero, moe) x %d = plain (bitwise)",
+           replays);
+  check(what, bad ? 1.0 : 0.0, 0);
+  free(plain);
+  free(rec);
+  act_free(x);
+  act_free(y);
+  act_free(lg);
+}
+
 static void t_gather(void) {
   tp x = act(20, 100, 104, false), out = act(7, 100, 101, true);
   int32_t rows[7];
@@ -966,6 +1122,8 @@ int main(int argc, char **argv) {
   t_expert();
   t_matmul_batch();
   t_expert_batch();
+  t_moe();
+  t_step();
   t_gather();
   t_argmax();
   t_layernorm();
