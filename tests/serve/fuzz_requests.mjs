@@ -236,9 +236,16 @@ const ctx = model?.max_model_len ?? 512;
   await Promise.all(jobs);
 }
 // The prefix cache keeps the blocks of finished requests: idle means after it let go of them.
-const clearCache = () => request("POST", "/admin/prefix-cache/clear", "{}", { Authorization: "Bearer " + adminToken });
+// The clear runs at the scheduler's next step: wait until no block is cached any more.
+async function clearCache() {
+  await request("POST", "/admin/prefix-cache/clear", "{}", { Authorization: "Bearer " + adminToken });
+  for (let i = 0; i < 100; i++) {
+    const c = await metrics();
+    if (c['lockstep_kv_blocks{state="cached"}'] === 0) return;
+    await sleep(50);
+  }
+}
 await clearCache();
-await sleep(200);
 // The idle values: a finished request's slot is freed at the scheduler's next step.
 let m0 = await metrics();
 for (let i = 0; i < 100 && (m0.lockstep_slots_in_use !== 0 || m0.lockstep_queue_depth !== 0); i++) {

@@ -81,7 +81,15 @@ async function idle(ms = 5000) {  // slots and queue back to 0 within ms
   return m;
 }
 // The prefix cache keeps the blocks of finished requests: idle means after it let go of them.
-const clearCache = () => post("/admin/prefix-cache/clear", {}, { headers: admin });
+// The clear runs at the scheduler's next step: wait until no block is cached any more.
+async function clearCache() {
+  await post("/admin/prefix-cache/clear", {}, { headers: admin });
+  for (let i = 0; i < 100; i++) {
+    const c = await metrics();
+    if (c['lockstep_kv_blocks{state="cached"}'] === 0) return;
+    await sleep(50);
+  }
+}
 await clearCache();
 const m0 = await idle();
 const blocks0 = m0.lockstep_kv_blocks_free;
@@ -282,7 +290,6 @@ if (want("12")) {
 
 await idle();
 await clearCache();
-await sleep(200);  // the clear runs at the scheduler's next step
 const mEnd = await idle();
 check(mEnd.lockstep_slots_in_use === 0 && mEnd.lockstep_kv_blocks_free === blocks0,
       `slots and KV blocks back to idle (${mEnd.lockstep_slots_in_use}, ${mEnd.lockstep_kv_blocks_free}/${blocks0})`);
