@@ -6,10 +6,11 @@
 // (drafts for the running sequences, or the drafter's catch-up), forward (one command of prefill
 // chunks, decode rows and verify rows), accept (pick tokens, accept drafts, COMMIT what is kept)
 // and emit (hand the tokens to the requests). The arrays a step needs are sized from
-// --max-slots when the scheduler is made; nothing large lives on the stack.
+// --max-slots when the scheduler is made; nothing large lives on the stack. The request side
+// (submit, read, cancel, and the emission of tokens with the stop-string hold-back) is request.c;
+// the structs both halves share are in scheduler_impl.h.
 #include "coordinator/scheduler.h"
 
-#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -17,115 +18,24 @@
 #include <string.h>
 #include <time.h>
 
+#include "coordinator/scheduler_impl.h"
 #include "coordinator/submit.h"
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "text/toolcall.h"
 
-static void deadline_in(struct timespec *ts, double s) {
+void lks__sched_deadline_in(struct timespec *ts, double s) {
   clock_gettime(CLOCK_REALTIME, ts);
   double t = (double)ts->tv_sec + ts->tv_nsec * 1e-9 + s;
   ts->tv_sec = (time_t)t;
   ts->tv_nsec = (long)((t - (double)ts->tv_sec) * 1e9);
 }
 
-struct lks_req {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int refs;
-  lks_req_params p;
-  int max_stop;  // longest stop string
-  // Output, under mu.
-  char *text;
-  size_t len, cap, delivered, read_off;
-  int n_generated;
-  int32_t *ids;  // the generated token ids, [n_generated]
-  bool done, failed, cancelled;
-  const char *finish;
-  int stop_hit;  // the stop string that ended it, or -1
-  char error[512];
-  // A one-shot waker (lks_req_arm): called once, off r->mu, when news arrives.
-  void (*wake)(void *ctx);
-  void *wake_ctx;
-  bool wake_until_done;
-  // Scheduler thread only.
-  int slot, n_fed, n_cached;
-  int reserve;  // KV blocks held for it while it runs (the most it can need)
-  int32_t last;
-  int32_t *hist;  // prompt + generated, for the proposer
-  int n_hist, cap_hist;
-  lks_spec_seq seq;  // the proposer's view of this sequence
-  lks_detok *detok;
-  double t_submit, t_last;
-  lks_req *next;
-};
-
-// The levers one step runs under: fixed at the step's start, sent to every rank with that step.
-typedef struct levers {
-  bool speculation;
-  int n_drafts;
-  char ladder[LKS_LADDER_TEXT];
-  lks_ladder parsed;
-} levers;
-
-// One sequence's part of a step's forward (scheduler thread).
-typedef struct row_plan {
-  lks_req *r;
-  int nd;      // drafts verified after the last token (0: a decode row or a prefill chunk)
-  bool emits;  // the row's output is a token (the last prefill chunk, a decode or verify row)
-  // Filled by accept: the tokens to emit (accepted drafts, then the bonus).
-  int32_t out[LKS_MAX_DRAFTS + 1];
-  int n_out;
-} row_plan;
-
-// Working memory of one step, sized from --max-slots.
-typedef struct step_mem {
-  uint32_t *to_free, *to_alloc;   // [n_slots]
-  lks_spec_seq **dseq;            // [n_slots] sequences past their prefill
-  lks_req **dreq;                 // [n_slots]
-  int32_t *drafts;                // [n_slots * LKS_MAX_DRAFTS]
-  int *n_d;                       // [n_slots] drafts per decode sequence
-  Lockstep__SlotTokens *st;       // [n_slots] the forward's sequences
-  Lockstep__SlotTokens **seqs;    // [n_slots]
-  row_plan *rows;                 // [n_slots]
-  int32_t *tok;                   // [n_slots * (LKS_MAX_DRAFTS + 1)] decode and verify rows
-  uint32_t *c_slot, *c_keep;      // [n_slots] the commit
-  lks_spec_seq **sub;             // [n_slots] the sequences of one propose or catch-up
-  int *idx, *ntmp;                // [n_slots]
-  int32_t *dtmp;                  // [n_slots * LKS_MAX_DRAFTS] one propose's drafts
-} step_mem;
-
-struct lks_sched {
-  lks_world *w;
-  const lks_tokenizer *tok;
-  lks_sched_opts o;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  lks_req *q_head, *q_tail;
-  int q_len;
-  lks_req **slot;  // [n_slots]
-  int n_slots, vocab;
-  int kv_blocks, kv_reserved;  // the pool, and what the running requests may need of it
-  bool stopping, draining, failed;
-  double stop_at;  // when the drain began
-  // Levers: `wanted` is what /admin asked for (under mu), `now` what the last step ran under
-  // (scheduler thread only; what stats report, under mu).
-  levers wanted, now;
-  bool levers_pending;
-  bool clear_pending;  // /admin: drop the prefix cache at the next step (under mu)
-  bool clear_now;      // ... this step (scheduler thread)
-  lks_sched_stats st;
-  lks_proposer *proposer;  // NULL when speculation is off
-  lks_gate gate;
-  step_mem m;
-};
-
 static void hist_init(lks_hist *h, const double *le) {
   memset(h, 0, sizeof *h);
   memcpy(h->le, le, sizeof h->le);
 }
-static void hist_add(lks_hist *h, double v) {
+void lks__sched_hist_add(lks_hist *h, double v) {
   int i = 0;
   while (i < LKS_HIST_BUCKETS && v > h->le[i]) i++;
   h->count[i]++;
@@ -152,7 +62,7 @@ static int submit_for_proposer(void *ctx, Lockstep__Command *cmd, const int32_t 
   return 0;
 }
 
-static int mem_new(step_mem *m, int n) {
+static int mem_new(lks__sched_mem *m, int n) {
   size_t N = (size_t)n, R = (size_t)(LKS_MAX_DRAFTS + 1);
   m->to_free = calloc(N, sizeof *m->to_free);
   m->to_alloc = calloc(N, sizeof *m->to_alloc);
@@ -176,7 +86,7 @@ static int mem_new(step_mem *m, int n) {
   return ok ? 0 : lks_set_error(LKS_ENOMEM, "scheduler: out of memory for %d slots", n);
 }
 
-static void mem_free(step_mem *m) {
+static void mem_free(lks__sched_mem *m) {
   free(m->to_free);
   free(m->to_alloc);
   free(m->dseq);
@@ -196,7 +106,6 @@ static void mem_free(step_mem *m) {
 }
 
 static void slot_release(lks_sched *s, int i);
-static void req_unref(lks_req *r);
 
 lks_sched *lks_sched_new(lks_world *w, const lks_tokenizer *tok, const lks_sched_opts *o) {
   lks_sched *s = calloc(1, sizeof *s);
@@ -252,7 +161,7 @@ void lks_sched_free(lks_sched *s) {
   while (s->q_head) {
     lks_req *r = s->q_head;
     s->q_head = r->next;
-    req_unref(r);
+    lks__req_unref(r);
   }
   lks_proposer_free(s->proposer);
   mem_free(&s->m);
@@ -262,251 +171,6 @@ void lks_sched_free(lks_sched *s) {
   free(s);
 }
 
-// ---- requests ----
-
-static void req_unref(lks_req *r) {
-  pthread_mutex_lock(&r->mu);
-  int left = --r->refs;
-  pthread_mutex_unlock(&r->mu);
-  if (left) return;
-  free(r->p.prompt);
-  for (int i = 0; i < r->p.n_stop; i++) free(r->p.stop[i]);
-  free(r->p.stop);
-  free(r->text);
-  free(r->ids);
-  free(r->hist);
-  lks_detok_free(r->detok);
-  pthread_mutex_destroy(&r->mu);
-  pthread_cond_destroy(&r->cv);
-  free(r);
-}
-
-void lks_req_release(lks_req *r) {
-  if (r) req_unref(r);
-}
-
-void lks_req_cancel(lks_req *r) {
-  pthread_mutex_lock(&r->mu);
-  r->cancelled = true;
-  pthread_mutex_unlock(&r->mu);
-}
-
-// Whether the armed waker's condition holds (under r->mu).
-static bool has_news(const lks_req *r, bool until_done) {
-  return r->done || r->failed || (!until_done && r->delivered > r->read_off);
-}
-
-bool lks_req_arm(lks_req *r, bool until_done, void (*wake)(void *ctx), void *ctx) {
-  pthread_mutex_lock(&r->mu);
-  bool armed = !has_news(r, until_done);
-  if (armed) {
-    r->wake = wake;
-    r->wake_ctx = ctx;
-    r->wake_until_done = until_done;
-  }
-  pthread_mutex_unlock(&r->mu);
-  return armed;
-}
-
-bool lks_req_disarm(lks_req *r) {
-  pthread_mutex_lock(&r->mu);
-  bool was = r->wake != NULL;
-  r->wake = NULL;
-  pthread_mutex_unlock(&r->mu);
-  return was;
-}
-
-// Takes the armed waker when its condition holds (under r->mu); the caller calls it after
-// unlocking.
-static void (*take_waker(lks_req *r, void **ctx))(void *) {
-  void (*w)(void *) = r->wake;
-  if (!w || !has_news(r, r->wake_until_done)) return NULL;
-  *ctx = r->wake_ctx;
-  r->wake = NULL;
-  return w;
-}
-
-uint64_t lks_req_seed(const lks_req *r) { return r->p.seed; }
-
-bool lks_req_finished(lks_req *r) {
-  pthread_mutex_lock(&r->mu);
-  bool f = r->done || r->failed;
-  pthread_mutex_unlock(&r->mu);
-  return f;
-}
-
-lks_req *lks_sched_submit(lks_sched *s, lks_req_params *p, int *err) {
-  *err = 0;
-  lks_req *r = calloc(1, sizeof *r);
-  if (!r) {
-    *err = LKS_ENOMEM;
-    return NULL;
-  }
-  pthread_mutex_init(&r->mu, NULL);
-  pthread_cond_init(&r->cv, NULL);
-  r->refs = 2;  // the caller's and the scheduler's
-  r->p = *p;
-  memset(p, 0, sizeof *p);
-  for (int i = 0; i < r->p.n_stop; i++) {
-    int l = (int)strlen(r->p.stop[i]);
-    if (l > r->max_stop) r->max_stop = l;
-  }
-  r->slot = -1;
-  r->stop_hit = -1;
-  r->t_submit = lks_clock();
-  r->detok = s->tok ? lks_detok_new(s->tok, true) : NULL;
-  if (r->detok && r->p.keep_markup) lks_detok_keep(r->detok, lks_glm_markup, lks_glm_n_markup);
-  pthread_mutex_lock(&s->mu);
-  if (s->failed || s->stopping) {
-    *err = LKS_EBACKEND;
-  } else if (s->q_len >= s->o.max_queue) {
-    *err = LKS_EFULL;
-  } else {
-    if (s->q_tail) s->q_tail->next = r;
-    else s->q_head = r;
-    s->q_tail = r;
-    s->q_len++;
-    pthread_cond_signal(&s->cv);
-  }
-  pthread_mutex_unlock(&s->mu);
-  if (*err) {
-    r->refs = 1;
-    req_unref(r);
-    return NULL;
-  }
-  return r;
-}
-
-void lks_req_read(lks_req *r, double timeout_s, lks_req_news *n) {
-  memset(n, 0, sizeof *n);
-  struct timespec dl;
-  deadline_in(&dl, timeout_s);
-  pthread_mutex_lock(&r->mu);
-  while (r->read_off == r->delivered && !r->done && !r->failed) {
-    if (pthread_cond_timedwait(&r->cv, &r->mu, &dl) == ETIMEDOUT) break;
-  }
-  if (r->delivered > r->read_off) {
-    n->len = r->delivered - r->read_off;
-    n->text = malloc(n->len + 1);
-    if (n->text) {
-      memcpy(n->text, r->text + r->read_off, n->len);
-      n->text[n->len] = '\0';
-      r->read_off = r->delivered;
-    } else {
-      n->len = 0;
-    }
-  }
-  n->n_prompt = r->p.n_prompt;
-  n->n_cached = r->n_cached;
-  n->n_generated = r->n_generated;
-  // Done only once everything delivered has been read.
-  n->done = r->done && r->read_off == r->delivered;
-  n->finish_reason = r->finish;
-  n->stop_index = r->stop_hit;
-  n->failed = r->failed;
-  snprintf(n->error, sizeof n->error, "%s", r->error);
-  pthread_mutex_unlock(&r->mu);
-}
-
-static void req_append(lks_req *r, const char *t, size_t n) {
-  if (r->len + n + 1 > r->cap) {
-    size_t cap = (r->len + n + 1) * 2;
-    char *b = realloc(r->text, cap);
-    if (!b) return;
-    r->text = b;
-    r->cap = cap;
-  }
-  memcpy(r->text + r->len, t, n);
-  r->len += n;
-  r->text[r->len] = '\0';
-}
-
-// The new token's text, and the stop strings and length limit it may hit (under r->mu).
-static void req_text(lks_req *r, int32_t tok) {
-  const char *piece = NULL;
-  size_t n = 0;
-  size_t before = r->len;
-  if (r->detok && lks_detok_push(r->detok, tok, &piece, &n) == 0 && n) req_append(r, piece, n);
-  // Stop strings: search the new text and the tail before it that a stop could straddle.
-  for (int i = 0; i < r->p.n_stop && !r->done; i++) {
-    size_t from = before > (size_t)r->max_stop ? before - (size_t)r->max_stop : 0;
-    char *hit = r->len ? strstr(r->text + from, r->p.stop[i]) : NULL;
-    if (hit) {
-      r->len = (size_t)(hit - r->text);
-      r->text[r->len] = '\0';
-      r->done = true;
-      r->finish = "stop";
-      r->stop_hit = i;
-    }
-  }
-  if (!r->done && r->n_generated >= r->p.max_tokens) {
-    if (r->detok && lks_detok_flush(r->detok, &piece, &n) == 0 && n) req_append(r, piece, n);
-    r->done = true;
-    r->finish = "length";
-  }
-}
-
-// A generated token for a request (scheduler thread). Returns true when the request finished.
-static bool req_emit(lks_sched *s, lks_req *r, int32_t tok) {
-  const lks_config *c = lks_model_config(s->w->model);
-  double t = lks_clock();
-  pthread_mutex_lock(&s->mu);
-  if (r->n_generated == 0)
-    hist_add(&s->st.ttft, t - r->t_submit);
-  else
-    hist_add(&s->st.itl, t - r->t_last);
-  s->st.generated_tokens++;
-  s->st.spec.emitted++;
-  pthread_mutex_unlock(&s->mu);
-  r->t_last = t;
-  if (r->hist && r->n_hist < r->cap_hist) r->hist[r->n_hist++] = tok;
-  pthread_mutex_lock(&r->mu);
-  int32_t *ids = realloc(r->ids, (size_t)(r->n_generated + 1) * sizeof *ids);
-  if (ids) {
-    r->ids = ids;
-    ids[r->n_generated] = tok;
-  }
-  r->n_generated++;
-  bool eos = false;
-  for (int i = 0; i < c->n_eos; i++) eos |= tok == c->eos[i];
-  eos = eos && !r->p.ignore_eos;
-  if (eos) {
-    r->done = true;
-    r->finish = "stop";
-  } else {
-    req_text(r, tok);
-  }
-  // Text that could still be the start of a stop string is held back until it cannot.
-  size_t safe = r->done || r->max_stop == 0 ? r->len
-                : r->len > (size_t)r->max_stop - 1 ? r->len - (size_t)(r->max_stop - 1) : 0;
-  // ... and never cut inside a UTF-8 character: a piece must stand on its own as text.
-  while (safe < r->len && safe > r->delivered && ((unsigned char)r->text[safe] & 0xC0) == 0x80)
-    safe--;
-  if (safe > r->delivered) r->delivered = safe;
-  bool done = r->done || r->cancelled;
-  pthread_cond_broadcast(&r->cv);
-  void *wctx = NULL;
-  void (*wake)(void *) = take_waker(r, &wctx);
-  pthread_mutex_unlock(&r->mu);
-  if (wake) wake(wctx);
-  if (r->p.on_token) r->p.on_token(r->p.on_token_ctx, tok, eos);
-  return done;
-}
-
-static void req_fail(lks_req *r, const char *why) {
-  pthread_mutex_lock(&r->mu);
-  r->failed = true;
-  size_t n = strlen(why) < sizeof r->error - 1 ? strlen(why) : sizeof r->error - 1;
-  memcpy(r->error, why, n);
-  r->error[n] = '\0';
-  pthread_cond_broadcast(&r->cv);
-  void *wctx = NULL;
-  void (*wake)(void *) = take_waker(r, &wctx);
-  pthread_mutex_unlock(&r->mu);
-  if (wake) wake(wctx);
-}
-
-// ---- the phases of a step ----
 
 // Takes slot i's request: the slot is free again at the next FREE_SLOT.
 static void slot_release(lks_sched *s, int i) {
@@ -516,7 +180,7 @@ static void slot_release(lks_sched *s, int i) {
   s->st.requests_done++;
   if (r->seq.state) s->proposer->ops->free_state(s->proposer, r->seq.state);
   r->seq.state = NULL;
-  req_unref(r);
+  lks__req_unref(r);
 }
 
 // The KV blocks a request may need at most: its prompt, its tokens and a last verify's drafts,
@@ -549,7 +213,7 @@ static void slot_take(lks_sched *s, lks_req *r, int i) {
 // Admit: finished slots out, queued requests in, this step's levers fixed. Returns whether the
 // levers changed (they go out with this step).
 static bool admit(lks_sched *s, int *n_free, int *n_alloc) {
-  step_mem *m = &s->m;
+  lks__sched_mem *m = &s->m;
   *n_free = *n_alloc = 0;
   pthread_mutex_lock(&s->mu);
   for (int i = 0; i < s->n_slots; i++) {
@@ -579,7 +243,7 @@ static bool admit(lks_sched *s, int *n_free, int *n_alloc) {
     r->next = NULL;
     if (gone) {  // its client left while it waited
       s->st.requests_cancelled++;
-      req_unref(r);
+      lks__req_unref(r);
       i--;
       continue;
     }
@@ -599,7 +263,7 @@ static bool admit(lks_sched *s, int *n_free, int *n_alloc) {
 // decided from rank 0's own cache after the step's FREE_SLOT put the finished sequences in it;
 // at least the prompt's last token is left to prefill, for the first token's logits.
 static int attach(lks_sched *s, int n_alloc) {
-  step_mem *m = &s->m;
+  lks__sched_mem *m = &s->m;
   int n = 0, B = lks_engine_block_size(s->w->engine);
   bool drafter = s->proposer && s->proposer->ops->needs_hidden;
   for (int j = 0; j < n_alloc; j++) {
@@ -660,7 +324,7 @@ static int announce(lks_sched *s, int n_free, int n_alloc, bool levers) {
 // catch up instead. Returns the number of decode sequences (m->dreq); m->n_d[i] is each one's
 // draft count and m->drafts + i * LKS_MAX_DRAFTS its drafts.
 static int propose(lks_sched *s, int *k_out) {
-  step_mem *m = &s->m;
+  lks__sched_mem *m = &s->m;
   lks_proposer *pr = s->proposer;
   int n_dec = 0;
   for (int i = 0; i < s->n_slots; i++) {
@@ -705,7 +369,7 @@ static int propose(lks_sched *s, int *k_out) {
 // decode sequence its decode row or its verify rows [last token, drafts...]. Returns the number
 // of sequences in it (0: nothing to run); *any_prefill, *logits say what kind it was.
 static int forward(lks_sched *s, int n_dec, lks_engine_out *out, bool *any_prefill, bool *logits) {
-  step_mem *m = &s->m;
+  lks__sched_mem *m = &s->m;
   int n = 0, budget = s->o.chunk, di = 0;
   bool any_verify = false;
   *any_prefill = *logits = false;
@@ -713,7 +377,7 @@ static int forward(lks_sched *s, int n_dec, lks_engine_out *out, bool *any_prefi
     lks_req *r = s->slot[i];
     if (!r) continue;
     Lockstep__SlotTokens *st = &m->st[n];
-    row_plan *rp = &m->rows[n];
+    lks__sched_row *rp = &m->rows[n];
     lockstep__slot_tokens__init(st);
     st->slot = (uint32_t)i;
     st->start_pos = (uint32_t)r->n_fed;
@@ -802,11 +466,11 @@ static int verify(lks_sched *s, lks_req *r, const int32_t *d, int nd, const lks_
 // Accept: every output row's token(s); verified sequences keep L + a + 1 positions (COMMIT rolls
 // the rejected rows back on every rank), and the proposer hears what happened.
 static int accept(lks_sched *s, int n, const lks_engine_out *out, bool logits) {
-  step_mem *m = &s->m;
+  lks__sched_mem *m = &s->m;
   lks_proposer *pr = s->proposer;
   int o = 0, n_commit = 0;
   for (int i = 0; i < n; i++) {
-    row_plan *rp = &m->rows[i];
+    lks__sched_row *rp = &m->rows[i];
     lks_req *r = rp->r;
     int L = r->n_fed, nrows = (int)m->st[i].n_tokens;
     if (!rp->emits) {  // a prefill chunk that does not end the prompt
@@ -855,12 +519,12 @@ static int emit(lks_sched *s, int n, bool *speculated) {
   int produced = 0;
   *speculated = false;
   for (int i = 0; i < n; i++) {
-    row_plan *rp = &s->m.rows[i];
+    lks__sched_row *rp = &s->m.rows[i];
     bool decode = rp->emits && rp->r->n_generated > 0;
     *speculated |= rp->nd > 0;
     for (int j = 0; j < rp->n_out; j++) {
       produced += decode;
-      if (req_emit(s, rp->r, rp->out[j])) break;
+      if (lks__req_emit(s, rp->r, rp->out[j])) break;
     }
   }
   return produced;
@@ -891,7 +555,7 @@ static void gauges(lks_sched *s) {
 static void account(lks_sched *s, int n_dec, bool prefill, bool speculated, int produced,
                     double dt, double t_propose) {
   pthread_mutex_lock(&s->mu);
-  hist_add(&s->st.step, dt);
+  lks__sched_hist_add(&s->st.step, dt);
   s->st.steps++;
   gauges(s);
   if (!prefill && n_dec > 0) {
@@ -948,8 +612,8 @@ int lks_sched_run(lks_sched *s) {
       s->failed = true;
       ranks_up(s);
       for (int i = 0; i < s->n_slots; i++)
-        if (s->slot[i]) req_fail(s->slot[i], why);
-      for (lks_req *r = s->q_head; r; r = r->next) req_fail(r, why);
+        if (s->slot[i]) lks__req_fail(s->slot[i], why);
+      for (lks_req *r = s->q_head; r; r = r->next) lks__req_fail(r, why);
       pthread_mutex_unlock(&s->mu);
       return lks_set_error(rc, "%s", why);
     }
@@ -964,14 +628,14 @@ int lks_sched_run(lks_sched *s) {
       // The grace period is over: what still runs ends with an error, then the loop ends.
       LKS_LOG(LKS_LOG_WARN, "drain: %.0f s grace over; ending the requests still running", s->o.drain_grace);
       for (int i = 0; i < s->n_slots; i++)
-        if (s->slot[i]) req_fail(s->slot[i], "the server shut down before this request finished");
-      for (lks_req *r = s->q_head; r; r = r->next) req_fail(r, "the server shut down before this request started");
+        if (s->slot[i]) lks__req_fail(s->slot[i], "the server shut down before this request finished");
+      for (lks_req *r = s->q_head; r; r = r->next) lks__req_fail(r, "the server shut down before this request started");
       pthread_mutex_unlock(&s->mu);
       return 0;
     }
     if (rc == 0 && !busy && !s->levers_pending && !s->clear_pending) {
       struct timespec dl;
-      deadline_in(&dl, 0.05);
+      lks__sched_deadline_in(&dl, 0.05);
       pthread_cond_timedwait(&s->cv, &s->mu, &dl);
     }
     pthread_mutex_unlock(&s->mu);
@@ -991,7 +655,7 @@ bool lks_sched_healthy(const lks_sched *s) { return !s->failed; }
 bool lks_sched_draining(const lks_sched *s) { return s->stopping; }
 
 int lks_sched_set_levers(lks_sched *s, bool speculation, int n_drafts, const char *ladder) {
-  levers l = {0};
+  lks__sched_levers l = {0};
   l.speculation = speculation;
   l.n_drafts = n_drafts;
   if (n_drafts < 0 || n_drafts > LKS_MAX_DRAFTS)
@@ -1016,15 +680,6 @@ void lks_sched_stats_get(lks_sched *s, lks_sched_stats *out) {
   out->n_drafts = s->wanted.n_drafts;
   snprintf(out->ladder, sizeof out->ladder, "%s", s->wanted.ladder);
   pthread_mutex_unlock(&s->mu);
-}
-
-int lks_req_tokens(lks_req *r, int32_t **ids) {
-  pthread_mutex_lock(&r->mu);
-  int n = r->ids ? r->n_generated : 0;
-  *ids = malloc((size_t)(n ? n : 1) * sizeof **ids);
-  if (*ids && n) memcpy(*ids, r->ids, (size_t)n * sizeof **ids);
-  pthread_mutex_unlock(&r->mu);
-  return *ids ? n : 0;
 }
 
 void lks_sched_clear_cache(lks_sched *s) {
