@@ -68,6 +68,7 @@ static void nvfp4_scalar(const uint8_t *w, const uint8_t *gs, const float *const
 static const lks__quant_kernels q_scalar = {"scalar", fp8_scalar, nvfp4_scalar};
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -271,7 +272,9 @@ const lks__quant_kernels *lks__quant_kernels_get(const char *name) {
   if (strcmp(name, "scalar") == 0) return &q_scalar;
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  bool f16c = __builtin_cpu_supports("f16c");
+  // F16C from CPUID leaf 1 (ECX bit 29): not every compiler's __builtin_cpu_supports knows it.
+  unsigned a, b, c, d;
+  bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
   if (strcmp(name, "avx2") == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
       f16c)
     return &q_avx2;

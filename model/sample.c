@@ -14,6 +14,18 @@
 
 #include "core/error.h"
 
+// The sampling passes are written to vectorise, and the weights must not depend on whether the
+// compiler fuses a multiply and an add: gcc takes both per function, clang takes the contraction
+// rule for the whole file (and vectorises at -O2 anyway).
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#define LKS_VECTORIZE
+#define LKS_VECTORIZE_NO_CONTRACT
+#else
+#define LKS_VECTORIZE __attribute__((optimize("tree-vectorize")))
+#define LKS_VECTORIZE_NO_CONTRACT __attribute__((optimize("tree-vectorize", "fp-contract=off")))
+#endif
+
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -95,8 +107,7 @@ static inline float exp_le0(float x) {
 
 // w[i] = exp((l[i] - mx) * inv_t) for i < n; returns their sum in double, in a fixed order (eight
 // interleaved partial sums, then a fixed tree), so it does not depend on the compiler.
-__attribute__((optimize("tree-vectorize", "fp-contract=off"),
-               target_clones("avx512f", "avx2", "default"))) static double
+LKS_VECTORIZE_NO_CONTRACT __attribute__((target_clones("avx512f", "avx2", "default"))) static double
 weights(const float *l, int n, float mx, float inv_t, float *w) {
   for (int i = 0; i < n; i++) w[i] = exp_le0((l[i] - mx) * inv_t);
   double s[8] = {0};
@@ -168,7 +179,7 @@ static void kept_free(kept_set *k) {
 enum { BINS = 2048, BINS_PER_UNIT = 64 };  // bins of (max - l) / T: 1/64 wide, the last open
 
 // bins[i] = the bin of token i, in one vectorisable pass.
-__attribute__((optimize("tree-vectorize"))) static void bin_all(const float *l, int V, float mx,
+LKS_VECTORIZE static void bin_all(const float *l, int V, float mx,
                                                                 float inv_t, uint16_t *bins) {
   for (int i = 0; i < V; i++) {
     float d = (mx - l[i]) * inv_t * BINS_PER_UNIT;
