@@ -18,18 +18,13 @@
 // glm_moe_dsa's ops (LayerNorm, the k-only cache store, the DSA indexer's selection, absorbed MLA
 // attention) run the kernels of mla.cu under the same rule: a row's result is its own.
 //
-// MoE (the moe op): routing, the dispatch plan, all selected experts' products and their
-// weighted sum run on the device in five launches (cuda/moe.cu), without a host round trip.
+// MoE (the moe op, backend_cuda_moe.c): routing, the dispatch plan, all selected experts'
+// products and their weighted sum run on the device in five launches (cuda/moe.cu), without a
+// host round trip.
 //
-// Recorded steps (step_begin / step_end; off unless LKS_CUDA_GRAPHS=1, since the quantized and
-// glm_moe_dsa ops have not been replayed on a GPU yet): the first time a key
-// is seen its step runs as called; the second time it is captured into a CUDA graph whose
-// uploads of host control arrays copy from a pinned staging area of the key's own; from then on
-// a step of that key runs the caller's code in replay mode: every op checks its arguments and
-// writes its host arrays into the staging area at the offsets recorded (the same uploads in the
-// same order, or the step is run again as called), launches nothing, and step_end launches the
-// graph. Every buffer a graph refers to stays put: freeing a buffer or growing a scratch buffer
-// drops every graph.
+// Recorded steps (step_begin / step_end, backend_cuda_graph.c; off unless LKS_CUDA_GRAPHS=1): a
+// step of a key seen before is captured into a CUDA graph once, then replayed; the ops consult
+// the recording state (cuda_backend.gmode) and upload through lks__cuda_graph_up.
 //
 // All calls come from the thread that created the backend. Errors of CUDA and cuBLAS become
 // LKS_EBACKEND with the library's message; nothing exits.
@@ -41,88 +36,8 @@
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "cuda/backend_cuda_impl.h"
 #include "cuda/cuda_impl.h"
-
-struct lks_buf {
-  void *d;  // device memory
-  size_t bytes;
-  bool owned;  // false for wrapped weights: read-only by contract
-};
-
-// Device scratch buffers, one per use so that an op never overwrites what it still reads.
-enum {
-  SC_IDX0,   // ids, positions, slots, gathered rows
-  SC_IDX1,   // sequences
-  SC_IDX2,   // block tables
-  SC_ROUTE,  // router scores, its bias in f32
-  SC_XG,     // expert: gathered rows
-  SC_GUD,    // expert: gate, up (then SwiGLU), down outputs
-  SC_W,      // expert weights
-  SC_OUT,    // results bound for host arrays
-  SC_SEL,    // the indexer's selection (mla_attention)
-  SC_NSEL,   // its counts per row
-  SC_WORK,   // the indexer's scores
-  SC_MOE,    // moe: routing, plan, the pairs' gate, up and down outputs
-  SC_N
-};
-
-typedef struct {
-  void *p;
-  size_t bytes;
-} dscratch;
-
-// Host control arrays reach the device through a pinned ring of two halves, so that their
-// copies stay asynchronous (a copy from pageable memory waits for the stream first). Entering a
-// half waits for the event recorded when it was last left: its copies are done by then.
-enum { RING_BYTES = 1 << 20, RING_ALIGN = 256 };
-
-// A recorded step (see the file comment).
-enum { GRAPH_MAX = 32, STAGE_BYTES = 512 << 10 };
-
-typedef struct {
-  uint64_t key;
-  int seen;     // steps of this key run so far
-  bool failed;  // recording or replay failed once: run as called from then on
-  cudaGraphExec_t exec;
-  cudaEvent_t done;  // recorded after each launch: the staging area is free again
-  char *stage;       // pinned, STAGE_BYTES
-  int n_up;          // uploads recorded
-  int *up_log;       // [n_up]: slot * 2^24 + bytes... see graph_up
-  int up_cap;
-} graph_entry;
-
-typedef enum { G_EAGER, G_CAPTURE, G_REPLAY } graph_mode;
-
-// Device copies of the experts' weight pointers per MoE layer, keyed by the caller's array.
-typedef struct {
-  const lks_tensor *key;
-  int e0, n;
-  const void **host;  // [3 n]: gate, up, down pointers
-  void **dev;         // the same on the device
-  bool aligned;       // every pointer 16-byte aligned
-} moe_table;
-
-typedef struct cuda_backend {
-  lks_backend base;
-  int device;
-  cudaStream_t st;
-  dscratch sc[SC_N];
-  char *ring;  // pinned, RING_BYTES; NULL: pageable copies
-  int ring_part;    // the half in use
-  size_t ring_off;  // the next free byte in it
-  cudaEvent_t ring_ev[2];
-  bool ring_ev_set[2];
-  bool graphs;  // recorded steps allowed (LKS_CUDA_GRAPHS)
-  graph_entry g[GRAPH_MAX];
-  graph_mode gmode;
-  graph_entry *gcur;
-  int gpos;     // the next upload of the step
-  size_t goff;  // its offset in the staging area
-  bool gfail;   // an op could not be recorded or replayed
-  int n_recorded;
-  moe_table *mt;
-  int n_mt, cap_mt;
-} cuda_backend;
 
 // The one live backend's stream, for the NCCL comm (lks__cuda_work_stream). Backends are made
 // and freed on the main thread.
@@ -130,29 +45,6 @@ static int live_backends;
 static cudaStream_t live_stream;
 
 cudaStream_t lks__cuda_work_stream(void) { return live_backends == 1 ? live_stream : NULL; }
-
-// In a step being recorded or replayed, an op that would synchronise, allocate or read back
-// fails the recording instead (the step then runs again as called).
-static int graph_refuse(cuda_backend *c, const char *what) {
-  c->gfail = true;
-  return lks_set_error(LKS_EBACKEND, "cuda backend: %s inside a recorded step", what);
-}
-
-// Drops every recorded step (after the work queued has finished: a graph may be running).
-static void graphs_drop(cuda_backend *c) {
-  bool any = false;
-  for (int i = 0; i < GRAPH_MAX; i++) any |= c->g[i].exec != NULL || c->g[i].key != 0;
-  if (!any) return;
-  (void)cudaStreamSynchronize(c->st);
-  for (int i = 0; i < GRAPH_MAX; i++) {
-    graph_entry *e = &c->g[i];
-    if (e->exec) (void)cudaGraphExecDestroy(e->exec);
-    if (e->done) (void)cudaEventDestroy(e->done);
-    if (e->stage) (void)cudaFreeHost(e->stage);
-    free(e->up_log);
-    memset(e, 0, sizeof *e);
-  }
-}
 
 int lks__cuda_pick_device(int requested) {
   int count = 0;
@@ -178,13 +70,11 @@ int lks__cuda_pick_device(int requested) {
   return (local < 0 ? 0 : local) % count;
 }
 
-static char *dp(lks_tensor t) { return (char *)t.buf->d + t.offset; }
-
-static int need(cuda_backend *c, int slot, size_t bytes, void **p) {
+int lks__cuda_need(cuda_backend *c, int slot, size_t bytes, void **p) {
   dscratch *s = &c->sc[slot];
   if (s->bytes < bytes) {
-    if (c->gmode != G_EAGER) return graph_refuse(c, "growing a scratch buffer");
-    graphs_drop(c);  // they refer to the old buffer
+    if (c->gmode != G_EAGER) return lks__cuda_graph_refuse(c, "growing a scratch buffer");
+    lks__cuda_graphs_drop(c);  // they refer to the old buffer
     size_t nb = bytes + bytes / 2;
     void *np = NULL;
     // Work still queued may read the old buffer.
@@ -200,40 +90,12 @@ static int need(cuda_backend *c, int slot, size_t bytes, void **p) {
   return 0;
 }
 
-// An upload in a recorded step: through the key's staging area, checked against the recording.
-static int graph_up(cuda_backend *c, int slot, const void *host, size_t bytes, void *dev) {
-  graph_entry *e = c->gcur;
-  size_t a = (bytes + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN;
-  if (bytes >= (1u << 24) || c->goff + a > STAGE_BYTES)
-    return graph_refuse(c, "a host array beyond the staging area");
-  int tag = slot << 24 | (int)bytes;
-  if (c->gmode == G_CAPTURE) {
-    if (c->gpos == e->up_cap) {
-      int cap = e->up_cap ? 2 * e->up_cap : 256;
-      int *nl = realloc(e->up_log, (size_t)cap * sizeof *nl);
-      if (!nl) return graph_refuse(c, "out of host memory");
-      e->up_log = nl;
-      e->up_cap = cap;
-    }
-    e->up_log[c->gpos] = tag;
-  } else if (c->gpos >= e->n_up || e->up_log[c->gpos] != tag) {
-    return graph_refuse(c, "an upload unlike the recorded step's");
-  }
-  char *h = e->stage + c->goff;
-  memcpy(h, host, bytes);
-  if (c->gmode == G_CAPTURE)
-    LKS_CUDA_TRY(cudaMemcpyAsync(dev, h, bytes, cudaMemcpyHostToDevice, c->st));
-  c->gpos++;
-  c->goff += a;
-  return 0;
-}
-
 // Copies a host array into a scratch buffer (in stream order); the host array may be reused as
 // soon as this returns.
 static int up(cuda_backend *c, int slot, const void *host, size_t bytes, void **dev) {
-  LKS_TRY(need(c, slot, bytes ? bytes : 4, dev));
+  LKS_TRY(lks__cuda_need(c, slot, bytes ? bytes : 4, dev));
   if (!bytes) return 0;
-  if (c->gmode != G_EAGER) return graph_up(c, slot, host, bytes, *dev);
+  if (c->gmode != G_EAGER) return lks__cuda_graph_up(c, slot, host, bytes, *dev);
   size_t half = RING_BYTES / 2, a = (bytes + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN;
   if (!c->ring || a > half) {
     // Pageable: the driver stages the copy (after waiting for the stream).
@@ -255,11 +117,8 @@ static int up(cuda_backend *c, int slot, const void *host, size_t bytes, void **
   return 0;
 }
 
-// Replaying a recorded step: the ops check and stage their arguments but launch nothing.
-#define REPLAYING(c) ((c)->gmode == G_REPLAY)
-
 static int down(cuda_backend *c, void *host, const void *dev, size_t bytes) {
-  if (c->gmode != G_EAGER) return graph_refuse(c, "a copy to the host");
+  if (c->gmode != G_EAGER) return lks__cuda_graph_refuse(c, "a copy to the host");
   if (bytes) LKS_CUDA_TRY(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, c->st));
   LKS_CUDA_TRY(cudaStreamSynchronize(c->st));
   return 0;
@@ -289,8 +148,8 @@ static void cu_buf_free(lks_backend *be, lks_buf *b) {
   if (!b) return;
   if (be) {
     cuda_backend *c = (cuda_backend *)be;
-    if (c->gmode != G_EAGER) (void)graph_refuse(c, "freeing a buffer");
-    graphs_drop(c);  // a graph may refer to the buffer
+    if (c->gmode != G_EAGER) (void)lks__cuda_graph_refuse(c, "freeing a buffer");
+    lks__cuda_graphs_drop(c);  // a graph may refer to the buffer
     // Queued work may still use the buffer.
     (void)cudaStreamSynchronize(c->st);
   }
@@ -356,7 +215,7 @@ static int cu_to_host(lks_backend *be, void *dst, const lks_buf *src, size_t off
 
 static int cu_from_host(lks_backend *be, lks_buf *dst, size_t off, const void *src, size_t n) {
   cuda_backend *c = (cuda_backend *)be;
-  if (c->gmode != G_EAGER) return graph_refuse(c, "a copy from the host");
+  if (c->gmode != G_EAGER) return lks__cuda_graph_refuse(c, "a copy from the host");
   if (!dst->owned || off > dst->bytes || n > dst->bytes - off)
     return lks_set_error(LKS_ERANGE, "from_host: range [%zu, +%zu) outside a writable buffer",
                          off, n);
@@ -425,10 +284,10 @@ static int cu_gather_rows(lks_backend *be, lks_tensor out, lks_tensor x, const i
 static int cu_argmax(lks_backend *be, lks_tensor x, int32_t *idx, float *val) {
   cuda_backend *c = (cuda_backend *)be;
   if (x.rows <= 0) return 0;
-  if (c->gmode != G_EAGER) return graph_refuse(c, "argmax");
+  if (c->gmode != G_EAGER) return lks__cuda_graph_refuse(c, "argmax");
   size_t n = (size_t)x.rows;
   void *d;
-  LKS_TRY(need(c, SC_OUT, n * 8, &d));
+  LKS_TRY(lks__cuda_need(c, SC_OUT, n * 8, &d));
   int32_t *d_idx = d;
   float *d_val = (float *)((char *)d + n * 4);
   LKS_CUDA_TRY(lks__cu_argmax(c->st, (const float *)dp(x), x.ld, x.rows, x.cols, d_idx, d_val));
@@ -587,13 +446,13 @@ static int cu_dsa_select(lks_backend *be, lks_tensor q, lks_tensor w, const lks_
   void *d_pos, *d_seq, *d_bt, *d_out, *d_scores;
   LKS_TRY(up_rows(c, rows, n_seqs, &d_pos, &d_seq, &d_bt));
   size_t n_out = (size_t)n * topk;
-  LKS_TRY(need(c, SC_OUT, (n_out + (size_t)n) * sizeof(int32_t), &d_out));
+  LKS_TRY(lks__cuda_need(c, SC_OUT, (n_out + (size_t)n) * sizeof(int32_t), &d_out));
   int32_t *d_sel = d_out, *d_nsel = d_sel + n_out;
   int group = (int)(DSA_SCORE_BYTES / ((size_t)max_keys * sizeof(float)));
   if (group < 1) group = 1;
   if (group > n) group = n;
   if (group > 65535) group = 65535;  // the kernels' grid
-  LKS_TRY(need(c, SC_WORK, (size_t)group * max_keys * sizeof(float), &d_scores));
+  LKS_TRY(lks__cuda_need(c, SC_WORK, (size_t)group * max_keys * sizeof(float), &d_scores));
   for (int r0 = 0; r0 < n; r0 += group) {
     int g = n - r0 < group ? n - r0 : group;
     LKS_CUDA_TRY(lks__cu_dsa_select(c->st, (const float *)dp(q) + r0 * q.ld, q.ld,
@@ -652,7 +511,7 @@ static int cu_mla_attention(lks_backend *be, lks_tensor out, lks_tensor q, lks_t
   return 0;
 }
 
-// ---- MoE ----
+// ---- MoE: route, expert (the moe op is in backend_cuda_moe.c) ----
 
 static int cu_route(lks_backend *be, lks_tensor logits, lks_tensor bias,
                     const lks_route_params *p, int32_t *ids, float *weights) {
@@ -664,16 +523,16 @@ static int cu_route(lks_backend *be, lks_tensor logits, lks_tensor bias,
     return lks_set_error(LKS_EINVAL, "route: %d experts, top %d, %d groups (top %d)", E,
                          p->top_k, p->n_group, p->topk_group);
   if (n <= 0) return 0;
-  if (c->gmode != G_EAGER) return graph_refuse(c, "route");
+  if (c->gmode != G_EAGER) return lks__cuda_graph_refuse(c, "route");
   void *scratch, *out;
-  LKS_TRY(need(c, SC_ROUTE, ((size_t)n * 2 * E + (size_t)E) * sizeof(float), &scratch));
+  LKS_TRY(lks__cuda_need(c, SC_ROUTE, ((size_t)n * 2 * E + (size_t)E) * sizeof(float), &scratch));
   float *bias_f32 = NULL;
   if (bias.buf) {
     bias_f32 = (float *)scratch + (size_t)n * 2 * E;
     LKS_CUDA_TRY(lks__cu_convert(c->st, bias_f32, LKS_F32, E, dp(bias), bias.dtype, bias.ld, 1, E));
   }
   size_t nk = (size_t)n * p->top_k;
-  LKS_TRY(need(c, SC_OUT, nk * 8, &out));
+  LKS_TRY(lks__cuda_need(c, SC_OUT, nk * 8, &out));
   int32_t *d_ids = out;
   float *d_w = (float *)((char *)out + nk * 4);
   LKS_CUDA_TRY(lks__cu_route(c->st, (const float *)dp(logits), logits.ld, bias_f32, n, E,
@@ -723,9 +582,9 @@ static int cu_expert(lks_backend *be, lks_tensor out, lks_tensor x, const int32_
   // Quantized weights go through the generic products (cuda/quant.cu), whatever n.
   bool plain = gate.qs == LKS_Q_NONE && up_w.qs == LKS_Q_NONE && down_w.qs == LKS_Q_NONE;
   void *gud, *xg = NULL;
-  LKS_TRY(need(c, SC_GUD, (size_t)n * (2 * I + O) * sizeof(float), &gud));
+  LKS_TRY(lks__cuda_need(c, SC_GUD, (size_t)n * (2 * I + O) * sizeof(float), &gud));
   if ((gate.dtype != up_w.dtype || !plain) && rows)
-    LKS_TRY(need(c, SC_XG, (size_t)n * H * sizeof(float), &xg));
+    LKS_TRY(lks__cuda_need(c, SC_XG, (size_t)n * H * sizeof(float), &xg));
   if (REPLAYING(c)) return 0;
   float *g = gud, *u = g + (size_t)n * I, *d = u + (size_t)n * I;
   if (gate.dtype == up_w.dtype && plain) {
@@ -751,270 +610,13 @@ static int cu_expert(lks_backend *be, lks_tensor out, lks_tensor x, const int32_
   return 0;
 }
 
-// The device table of the experts' weight pointers for ex (see moe_table), made on first use
-// and checked against the tensors on every call (a layer's experts never move, but a freed
-// model's array may be reused by another).
-static int moe_table_get(cuda_backend *c, const lks_moe_experts *ex, moe_table **out) {
-  moe_table *t = NULL;
-  for (int i = 0; i < c->n_mt && !t; i++)
-    if (c->mt[i].key == ex->gate && c->mt[i].e0 == ex->e0 && c->mt[i].n == ex->n) t = &c->mt[i];
-  size_t nb = (size_t)3 * ex->n * sizeof(void *);
-  const void **want = malloc(nb ? nb : 1);
-  if (!want) return lks_set_error(LKS_ENOMEM, "moe: out of host memory");
-  bool aligned = true;
-  for (int e = 0; e < ex->n; e++) {
-    const lks_tensor *w[3] = {ex->gate + (size_t)(ex->e0 + e) * ex->stride,
-                              ex->up + (size_t)(ex->e0 + e) * ex->stride,
-                              ex->down + (size_t)(ex->e0 + e) * ex->stride};
-    for (int k = 0; k < 3; k++) {
-      want[(size_t)k * ex->n + e] = dp(*w[k]);
-      aligned &= ((uintptr_t)dp(*w[k]) & 15) == 0;
-    }
-  }
-  if (t && memcmp(t->host, want, nb) == 0) {
-    free(want);
-    *out = t;
-    return 0;
-  }
-  if (c->gmode != G_EAGER) {
-    free(want);
-    return graph_refuse(c, "a new expert table");
-  }
-  if (!t) {
-    if (c->n_mt == c->cap_mt) {
-      int cap = c->cap_mt ? 2 * c->cap_mt : 64;
-      moe_table *nt = realloc(c->mt, (size_t)cap * sizeof *nt);
-      if (!nt) {
-        free(want);
-        return lks_set_error(LKS_ENOMEM, "moe: out of host memory");
-      }
-      c->mt = nt;
-      c->cap_mt = cap;
-    }
-    t = &c->mt[c->n_mt++];
-    memset(t, 0, sizeof *t);
-    t->key = ex->gate;
-    t->e0 = ex->e0;
-    t->n = ex->n;
-    void *d = NULL;
-    cudaError_t e = cudaMalloc(&d, nb ? nb : 1);
-    if (e != cudaSuccess) {
-      c->n_mt--;
-      free(want);
-      return lks_set_error(LKS_ENOMEM, "moe: expert table: %s", cudaGetErrorString(e));
-    }
-    t->dev = d;
-  } else {
-    graphs_drop(c);  // (it synchronises) queued work and graphs read the old table
-    free(t->host);
-  }
-  t->host = want;
-  t->aligned = aligned;
-  LKS_CUDA_TRY(cudaMemcpyAsync(t->dev, want, nb, cudaMemcpyHostToDevice, c->st));
-  LKS_CUDA_TRY(cudaStreamSynchronize(c->st));  // want is pageable
-  *out = t;
-  return 0;
-}
-
-static size_t al256(size_t b) { return (b + 255) / 256 * 256; }
-
-static int cu_moe(lks_backend *be, lks_tensor out, lks_tensor x, lks_tensor logits,
-                  lks_tensor bias, const lks_route_params *p, const lks_moe_experts *ex,
-                  int32_t *ids_host, float *w_host) {
-  cuda_backend *c = (cuda_backend *)be;
-  int E = p->n_experts, n = (int)logits.rows, k = p->top_k;
-  if (E <= 0 || E > logits.cols || k <= 0 || k > E || p->n_group <= 0 || p->n_group > 256 ||
-      E % p->n_group != 0 || (p->n_group > 1 && (p->topk_group <= 0 || p->topk_group > p->n_group)))
-    return lks_set_error(LKS_EINVAL, "moe: %d experts, top %d, %d groups (top %d)", E, k,
-                         p->n_group, p->topk_group);
-  if (ex->e0 < 0 || ex->n < 0 || ex->e0 + ex->n > E)
-    return lks_set_error(LKS_EINVAL, "moe: experts [%d, %d) of %d", ex->e0, ex->e0 + ex->n, E);
-  if (x.rows != n || out.rows != n)
-    return lks_set_error(LKS_ESHAPE, "moe: %lld logits rows, %lld input rows, %lld output rows",
-                         (long long)n, (long long)x.rows, (long long)out.rows);
-  if (ex->n > 1024)
-    return lks_set_error(LKS_EUNSUPPORTED, "moe: %d experts on one device (at most 1024)", ex->n);
-  int64_t H = x.cols, O = out.cols, I = 0, ld_gu = 0, ld_d = 0;
-  lks_dtype dt = LKS_F32;
-  // Every expert the same dtype and shape, gate and up with one row stride: one table serves all.
-  for (int e = ex->e0; e < ex->e0 + ex->n; e++) {
-    const lks_tensor *g = ex->gate + (size_t)e * ex->stride, *u = ex->up + (size_t)e * ex->stride,
-                     *d = ex->down + (size_t)e * ex->stride;
-    if (!g->buf || !u->buf || !d->buf)
-      return lks_set_error(LKS_EINVAL, "moe: expert %d has no weights", e);
-    if (g->qs != LKS_Q_NONE || u->qs != LKS_Q_NONE || d->qs != LKS_Q_NONE)
-      return lks_set_error(LKS_EUNSUPPORTED, "moe: quantized experts run through the expert op");
-    LKS_TRY(lks_weight_check(*g, H));
-    LKS_TRY(lks_weight_check(*u, H));
-    if (e == ex->e0) {
-      I = g->rows;
-      dt = g->dtype;
-      ld_gu = g->ld;
-      ld_d = d->ld;
-    }
-    LKS_TRY(lks_weight_check(*d, I));
-    if (u->rows != I || d->rows != O)
-      return lks_set_error(LKS_ESHAPE, "moe: expert %d: gate/up/down shapes disagree", e);
-    if (g->rows != I || g->dtype != dt || u->dtype != dt || d->dtype != dt || g->ld != ld_gu ||
-        u->ld != ld_gu || d->ld != ld_d)
-      return lks_set_error(LKS_EUNSUPPORTED,
-                           "moe: the experts' weights differ in dtype, shape or row stride");
-  }
-  if (n <= 0) return 0;
-  size_t nk = (size_t)n * k;
-  int64_t bound = (int64_t)(nk + LKS__CU_GEMV_ROWS - 1) / LKS__CU_GEMV_ROWS + ex->n;
-  if (bound > (int64_t)nk) bound = (int64_t)nk;
-  if (bound > 65535)
-    return lks_set_error(LKS_ERANGE, "moe: %d rows in one call (the plan needs %lld groups)", n,
-                         (long long)bound);
-  moe_table *t = NULL;
-  if (ex->n > 0) LKS_TRY(moe_table_get(c, ex, &t));
-  // Scratch: groups, ids, weights, pair rows and indices, f32 bias, route scratch, g, u, d.
-  size_t o_groups = 0, o_ids = al256((size_t)bound * 16), o_w = o_ids + al256(nk * 4),
-         o_prow = o_w + al256(nk * 4), o_pidx = o_prow + al256(nk * 4),
-         o_bias = o_pidx + al256(nk * 4), o_rs = o_bias + al256((size_t)E * 4),
-         o_g = o_rs + al256(lks__cu_route_plan_scratch(E)), o_u = o_g + al256(nk * I * 4),
-         o_d = o_u + al256(nk * I * 4), total = o_d + al256(nk * O * 4);
-  void *sc;
-  LKS_TRY(need(c, SC_MOE, total, &sc));
-  char *b = sc;
-  int4 *groups = (int4 *)(b + o_groups);
-  int32_t *ids = (int32_t *)(b + o_ids), *prow = (int32_t *)(b + o_prow),
-          *pidx = (int32_t *)(b + o_pidx);
-  float *w = (float *)(b + o_w), *g = (float *)(b + o_g), *u = (float *)(b + o_u),
-        *d = (float *)(b + o_d);
-  if ((ids_host || w_host) && c->gmode != G_EAGER) return graph_refuse(c, "moe routing to the host");
-  if (REPLAYING(c)) return 0;
-  const float *bias_f32 = NULL;
-  if (bias.buf) {
-    if (bias.dtype == LKS_F32) {
-      bias_f32 = (const float *)dp(bias);
-    } else {
-      LKS_CUDA_TRY(lks__cu_convert(c->st, b + o_bias, LKS_F32, E, dp(bias), bias.dtype, bias.ld,
-                                   1, E));
-      bias_f32 = (const float *)(b + o_bias);
-    }
-  }
-  LKS_CUDA_TRY(lks__cu_route_plan(c->st, (const float *)dp(logits), logits.ld, bias_f32, n, E, k,
-                                  p->n_group, p->topk_group, p->norm_topk_prob, p->scaling,
-                                  (float *)(b + o_rs), ids, w, ex->e0, ex->n, groups, (int)bound,
-                                  prow, pidx));
-  if (t) {
-    const void *const *tab = (const void *const *)t->dev;
-    // Gate and up of every local pair, SwiGLU, down into the pair's row of d, then each row's
-    // pairs added in rank order.
-    LKS_CUDA_TRY(lks__cu_gemv_grouped(c->st, g, u, I, (const float *)dp(x), x.ld, prow, pidx,
-                                      groups, bound, tab, tab + ex->n, ld_gu, dt, t->aligned, n,
-                                      I, H));
-    LKS_CUDA_TRY(lks__cu_swiglu(c->st, g, u, (int64_t)nk * I));
-    LKS_CUDA_TRY(lks__cu_gemv_grouped(c->st, d, NULL, O, g, I, pidx, pidx, groups, bound,
-                                      tab + 2 * (size_t)ex->n, NULL, ld_d, dt, t->aligned, n, O,
-                                      I));
-    LKS_CUDA_TRY(lks__cu_moe_combine(c->st, (float *)dp(out), out.ld, d, O, ids, w, n, k, ex->e0,
-                                     ex->n, O));
-  }
-  if (ids_host) LKS_CUDA_TRY(cudaMemcpyAsync(ids_host, ids, nk * 4, cudaMemcpyDeviceToHost, c->st));
-  if (w_host) LKS_CUDA_TRY(cudaMemcpyAsync(w_host, w, nk * 4, cudaMemcpyDeviceToHost, c->st));
-  if (ids_host || w_host) LKS_CUDA_TRY(cudaStreamSynchronize(c->st));
-  return 0;
-}
-
-// ---- recorded steps ----
-
-static int cu_step_begin(lks_backend *be, uint64_t key) {
-  cuda_backend *c = (cuda_backend *)be;
-  if (!c->graphs || c->gmode != G_EAGER) return 0;
-  graph_entry *e = NULL, *free_e = NULL;
-  for (int i = 0; i < GRAPH_MAX && !e; i++) {
-    if (c->g[i].key == key) e = &c->g[i];
-    else if (!c->g[i].key && !free_e) free_e = &c->g[i];
-  }
-  if (!e) {
-    if (!free_e) return 0;  // full: run as called
-    e = free_e;
-    e->key = key;
-  }
-  if (e->failed) return 0;
-  if (e->exec) {
-    // The previous launch of this graph may still read the staging area.
-    LKS_CUDA_TRY(cudaEventSynchronize(e->done));
-    c->gmode = G_REPLAY;
-  } else {
-    // The first step of a key runs as called: it grows the scratch buffers and makes the expert
-    // tables, which a recording cannot do.
-    if (e->seen++ < 1) return 0;
-    if (!e->stage) {
-      void *h = NULL;
-      if (cudaHostAlloc(&h, STAGE_BYTES, cudaHostAllocDefault) != cudaSuccess) {
-        (void)cudaGetLastError();
-        e->failed = true;
-        return 0;
-      }
-      e->stage = h;
-    }
-    if (!e->done) LKS_CUDA_TRY(cudaEventCreateWithFlags(&e->done, cudaEventDisableTiming));
-    if (cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
-      (void)cudaGetLastError();
-      e->failed = true;
-      return 0;
-    }
-    c->gmode = G_CAPTURE;
-  }
-  c->gcur = e;
-  c->gpos = 0;
-  c->goff = 0;
-  c->gfail = false;
-  return 0;
-}
-
-static int cu_step_end(lks_backend *be, int rc) {
-  cuda_backend *c = (cuda_backend *)be;
-  graph_mode mode = c->gmode;
-  graph_entry *e = c->gcur;
-  if (mode == G_EAGER) return rc;
-  c->gmode = G_EAGER;
-  c->gcur = NULL;
-  if (mode == G_CAPTURE) {
-    cudaGraph_t graph = NULL;
-    cudaError_t ce = cudaStreamEndCapture(c->st, &graph);
-    if (ce == cudaSuccess && !c->gfail && rc == 0) {
-      ce = cudaGraphInstantiate(&e->exec, graph, 0);
-      if (ce != cudaSuccess) e->exec = NULL;
-    }
-    if (graph) (void)cudaGraphDestroy(graph);
-    // Nothing of the step has run: on any failure (the step's own error too, which running it
-    // again as called then reports) it runs again as called, and this key is never recorded.
-    if (rc < 0 || ce != cudaSuccess || c->gfail || !e->exec) {
-      (void)cudaGetLastError();
-      LKS_LOG(LKS_LOG_INFO, "cuda backend: a step could not be recorded (%s); it runs as called",
-              rc < 0 || c->gfail ? lks_last_error() : cudaGetErrorString(ce));
-      e->failed = true;
-      return 1;
-    }
-    e->n_up = c->gpos;
-    int level = c->n_recorded++ ? LKS_LOG_DEBUG : LKS_LOG_INFO;  // LKS_LOG reads it twice
-    LKS_LOG(level, "cuda backend: a step recorded as a CUDA graph (%d uploads, %zu bytes staged)", e->n_up,
-            c->goff);
-  } else {
-    if (rc < 0 || c->gfail || c->gpos != e->n_up) {
-      LKS_LOG(LKS_LOG_INFO, "cuda backend: a recorded step did not replay (%s); it runs as called",
-              rc < 0 || c->gfail ? lks_last_error() : "fewer uploads");
-      e->failed = true;
-      return 1;
-    }
-  }
-  LKS_CUDA_TRY(cudaGraphLaunch(e->exec, c->st));
-  LKS_CUDA_TRY(cudaEventRecord(e->done, c->st));
-  return 0;
-}
-
 // ---- lifetime ----
 
 static void cu_free(lks_backend *be) {
   cuda_backend *c = (cuda_backend *)be;
   if (!c) return;
   if (c->st) cudaStreamSynchronize(c->st);
-  graphs_drop(c);
+  lks__cuda_graphs_drop(c);
   for (int i = 0; i < c->n_mt; i++) {
     cudaFree(c->mt[i].dev);
     free(c->mt[i].host);
@@ -1050,9 +652,9 @@ static const lks_backend_ops cuda_ops = {
     .attention = cu_attention,
     .route = cu_route,
     .expert = cu_expert,
-    .moe = cu_moe,
-    .step_begin = cu_step_begin,
-    .step_end = cu_step_end,
+    .moe = lks__cuda_moe,
+    .step_begin = lks__cuda_step_begin,
+    .step_end = lks__cuda_step_end,
     .gather_rows = cu_gather_rows,
     .argmax = cu_argmax,
     .layernorm = cu_layernorm,

@@ -127,72 +127,103 @@ static void check(const char *what, const float *a, const float *ref, const floa
     }                                                                        \
   } while (0)
 
-int main(int argc, char **argv) {
+// What every phase reads: the model, the expected file and the host arrays of sequence A.
+typedef struct {
+  lks_backend *be;
+  lks_model *m;
+  lks_safetensors *ex;
+  lks_kv_cache *kv;
+  double bound;
+  int V, H, P, gen, n_tok, n_rows, max_len, bs;
+  const int32_t *tokens;  // [n_tok]: the reference's sequence A
+  const float *ref;       // [n_rows, V]: its logits
+  const float *ref_e32;   // [n_rows]
+  float *logits;          // [n_rows, V]: lockstep's, sequence A
+  float *hidden;          // [n_rows, H]: its final-normed hiddens
+  int32_t *pos, *seq, *rows;  // [n_tok]: 0.., zeros, 0..
+} ref_run;
+
+// Loads the backend, the model and the expected file and checks they agree; 0, or the exit
+// status (2: usage or a mismatched file, 1: a load failure).
+static int load(ref_run *r, int argc, char **argv) {
   if (argc != 5 && argc != 6) {
     fprintf(stderr, "usage: %s MODEL_DIR EXPECTED.safetensors LAMBDA PROMPT_LEN [BACKEND]\n",
             argv[0]);
     return 2;
   }
-  double bound = atof(argv[3]);
-  if (!(bound > 0)) {
+  r->bound = atof(argv[3]);
+  if (!(r->bound > 0)) {
     fprintf(stderr, "LAMBDA must be a positive number, not '%s'\n", argv[3]);
     return 2;
   }
-  lks_backend *be = lks_backend_new(argc == 6 ? argv[5] : "cpu", 0);
-  lks_model *m = be ? lks_model_load(argv[1], be, NULL, NULL) : NULL;
-  lks_safetensors *ex = lks_safetensors_open(argv[2]);
-  if (!m || !ex) {
+  r->be = lks_backend_new(argc == 6 ? argv[5] : "cpu", 0);
+  r->m = r->be ? lks_model_load(argv[1], r->be, NULL, NULL) : NULL;
+  r->ex = lks_safetensors_open(argv[2]);
+  if (!r->m || !r->ex) {
     fprintf(stderr, "cannot load: %s\n", lks_last_error());
     return 1;
   }
-  const lks_config *c = lks_model_config(m);
-  int V = c->vocab, H = c->hidden;
-  const lks_st_tensor *tt = need(ex, "tokens"), *tl = need(ex, "logits"),
-                      *te = lks_safetensors_find(ex, "logits_f32err");
+  const lks_config *c = lks_model_config(r->m);
+  int V = r->V = c->vocab, H = r->H = c->hidden;
+  const lks_st_tensor *tt = need(r->ex, "tokens"), *tl = need(r->ex, "logits"),
+                      *te = lks_safetensors_find(r->ex, "logits_f32err");
   rel_mode = te == NULL;
-  const int32_t *tokens = (const int32_t *)tt->data;
-  int n_tok = (int)tt->shape[0], n_rows = (int)tl->shape[0];  // n_rows = n_tok - 1
-  const float *ref = (const float *)tl->data;
-  const float *ref_e32 = row_scale(ex, "logits_f32err", ref, n_rows, V);
-  int P = atoi(argv[4]);
+  r->tokens = (const int32_t *)tt->data;
+  int n_tok = r->n_tok = (int)tt->shape[0], n_rows = r->n_rows = (int)tl->shape[0];  // n_tok - 1
+  r->ref = (const float *)tl->data;
+  r->ref_e32 = row_scale(r->ex, "logits_f32err", r->ref, n_rows, V);
+  int P = r->P = atoi(argv[4]);
   if (tl->shape[1] != V || n_tok != n_rows + 1 || P < 2 || (te && te->shape[0] != n_rows)) {
     fprintf(stderr, "expected file does not match the model (vocab %d)\n", V);
     return 2;
   }
-  int gen = n_rows - P;
-  int max_len = n_tok + 8, bs = 16;
-  lks_kv_cache *kv = lks_model_kv_new(m, false, bs, 2 * ((max_len + bs - 1) / bs), 2, max_len);
-  float *logits = malloc((size_t)n_rows * V * sizeof *logits);
-  float *hidden = malloc((size_t)n_rows * H * sizeof *hidden);
-  int32_t *pos = malloc((size_t)n_tok * sizeof *pos), *seq = calloc((size_t)n_tok, sizeof *seq);
-  int32_t *rows = malloc((size_t)n_tok * sizeof *rows);
-  if (!kv || !logits || !hidden || !pos || !seq || !rows) return 1;
-  for (int i = 0; i < n_tok; i++) pos[i] = rows[i] = i;
+  r->gen = n_rows - P;
+  int max_len = r->max_len = n_tok + 8, bs = r->bs = 16;
+  r->kv = lks_model_kv_new(r->m, false, bs, 2 * ((max_len + bs - 1) / bs), 2, max_len);
+  r->logits = malloc((size_t)n_rows * V * sizeof *r->logits);
+  r->hidden = malloc((size_t)n_rows * H * sizeof *r->hidden);
+  r->pos = malloc((size_t)n_tok * sizeof *r->pos);
+  r->seq = calloc((size_t)n_tok, sizeof *r->seq);
+  r->rows = malloc((size_t)n_tok * sizeof *r->rows);
+  if (!r->kv || !r->logits || !r->hidden || !r->pos || !r->seq || !r->rows) return 1;
+  for (int i = 0; i < n_tok; i++) r->pos[i] = r->rows[i] = i;
+  return 0;
+}
 
-  // 1. Sequence A: prefill with every row's logits, then teacher-forced decode steps.
-  int a = lks_kv_seq_alloc(kv);
-  TRY(lks_kv_seq_resize(kv, a, P));
-  lks_batch b = {P, tokens, pos, seq, P, rows};
+// 1. Sequence A: prefill with every row's logits, then teacher-forced decode steps.
+static void teacher_forced(ref_run *r) {
+  lks_backend *be = r->be;
+  int P = r->P, V = r->V, H = r->H, gen = r->gen;
+  int a = lks_kv_seq_alloc(r->kv);
+  TRY(lks_kv_seq_resize(r->kv, a, P));
+  lks_batch b = {P, r->tokens, r->pos, r->seq, P, r->rows};
   lks_tensor lg, hd;
-  TRY(lks_model_forward(m, kv, &b, &lg, &hd));
-  TRY(lks_tensor_to_host_f32(be, logits, lg));
-  TRY(lks_tensor_to_host_f32(be, hidden, hd));
+  TRY(lks_model_forward(r->m, r->kv, &b, &lg, &hd));
+  TRY(lks_tensor_to_host_f32(be, r->logits, lg));
+  TRY(lks_tensor_to_host_f32(be, r->hidden, hd));
   for (int s = 0; s < gen; s++) {
     int p = P + s;
     int32_t zero = 0;
-    TRY(lks_kv_seq_resize(kv, a, p + 1));
-    lks_batch d = {1, &tokens[p], &pos[p], seq, 1, &zero};
-    TRY(lks_model_forward(m, kv, &d, &lg, &hd));
-    TRY(lks_tensor_to_host_f32(be, logits + (size_t)p * V, lg));
-    TRY(lks_tensor_to_host_f32(be, hidden + (size_t)p * H, hd));
+    TRY(lks_kv_seq_resize(r->kv, a, p + 1));
+    lks_batch d = {1, &r->tokens[p], &r->pos[p], r->seq, 1, &zero};
+    TRY(lks_model_forward(r->m, r->kv, &d, &lg, &hd));
+    TRY(lks_tensor_to_host_f32(be, r->logits + (size_t)p * V, lg));
+    TRY(lks_tensor_to_host_f32(be, r->hidden + (size_t)p * H, hd));
   }
   char what[96];
   snprintf(what, sizeof what, "target logits, %d-token prefill", P);
-  check(what, logits, ref, ref_e32, P, V, bound);
+  check(what, r->logits, r->ref, r->ref_e32, P, V, r->bound);
   snprintf(what, sizeof what, "target logits, %d decode steps", gen);
-  check(what, logits + (size_t)P * V, ref + (size_t)P * V, ref_e32 + P, gen, V, bound);
+  check(what, r->logits + (size_t)P * V, r->ref + (size_t)P * V, r->ref_e32 + P, gen, V,
+        r->bound);
+}
 
-  // 2. Sequence B: free-running greedy from the prompt, prefilled in two chunks.
+// 2. Sequence B: free-running greedy from the prompt, prefilled in two chunks.
+static void greedy_chunked(ref_run *r) {
+  lks_backend *be = r->be;
+  lks_kv_cache *kv = r->kv;
+  int P = r->P, n_tok = r->n_tok, gen = r->gen;
+  const int32_t *tokens = r->tokens, *pos = r->pos;
   int bseq = lks_kv_seq_alloc(kv);
   int32_t *bs_seq = malloc((size_t)n_tok * sizeof *bs_seq);
   for (int i = 0; i < n_tok; i++) bs_seq[i] = bseq;
@@ -202,11 +233,12 @@ int main(int argc, char **argv) {
   TRY(lks_kv_seq_resize(kv, bseq, c1));
   int32_t last = c1 - 1;
   lks_batch b1 = {c1, gtok, pos, bs_seq, 1, &last};
-  TRY(lks_model_forward(m, kv, &b1, &lg, NULL));
+  lks_tensor lg;
+  TRY(lks_model_forward(r->m, kv, &b1, &lg, NULL));
   TRY(lks_kv_seq_resize(kv, bseq, P));
   last = P - c1 - 1;
   lks_batch b2 = {P - c1, gtok + c1, pos + c1, bs_seq, 1, &last};
-  TRY(lks_model_forward(m, kv, &b2, &lg, NULL));
+  TRY(lks_model_forward(r->m, kv, &b2, &lg, NULL));
   int same = 0;
   for (int i = 0; i <= gen; i++) {
     int32_t next;
@@ -218,91 +250,127 @@ int main(int argc, char **argv) {
     int32_t zero = 0;
     TRY(lks_kv_seq_resize(kv, bseq, p + 1));
     lks_batch d = {1, &gtok[p], &pos[p], bs_seq, 1, &zero};
-    TRY(lks_model_forward(m, kv, &d, &lg, NULL));
+    TRY(lks_model_forward(r->m, kv, &d, &lg, NULL));
   }
   bool greedy_ok = same == gen + 1;
   failures += !greedy_ok;
   printf("%-44s %d of %d tokens equal  %s\n", "greedy continuation (chunked prefill)", same,
          gen + 1, greedy_ok ? "ok" : "FAIL");
-
-  // 3. MTP.
-  if (lks_model_has_mtp(m)) {
-    const lks_st_tensor *tm = need(ex, "mtp_logits"), *tc = need(ex, "mtp_chain_logits"),
-                        *tp = need(ex, "mtp_chain_pos");
-    const float *mref = (const float *)tm->data, *cref = (const float *)tc->data;
-    const int32_t *anchors = (const int32_t *)tp->data;
-    int n_m = (int)tm->shape[0], n_anchor = (int)tc->shape[0], chain = (int)tc->shape[1];
-    const float *mref_e32 = row_scale(ex, "mtp_logits_f32err", mref, n_m, V);
-    const float *cref_e32 = row_scale(ex, "mtp_chain_f32err", cref, n_anchor * chain, V);
-    lks_kv_cache *mkv = lks_model_kv_new(m, true, bs, 2 * ((max_len + bs - 1) / bs), 2, max_len);
-    lks_buf *hbuf = be->ops->buf_alloc(be, (size_t)n_rows * H * sizeof(float));
-    float *mlog = malloc((size_t)n_m * V * sizeof *mlog);
-    if (!mkv || !hbuf || !mlog) return 1;
-    TRY(be->ops->from_host(be, hbuf, 0, hidden, (size_t)n_rows * H * sizeof(float)));
-    lks_tensor hall = lks_tensor_2d(hbuf, 0, LKS_F32, n_rows, H);
-    // First drafts: rows j = 0 .. P-2 in one batch, then one row per step.
-    int ms = lks_kv_seq_alloc(mkv);
-    int first = P - 1;
-    TRY(lks_kv_seq_resize(mkv, ms, first));
-    lks_batch mb = {first, tokens + 1, pos, seq, first, rows};
-    TRY(lks_model_mtp(m, mkv, &mb, lks_tensor_rows(hall, 0, first), &lg, NULL));
-    TRY(lks_tensor_to_host_f32(be, mlog, lg));
-    for (int j = first; j < n_m; j++) {
-      int32_t zero = 0;
-      TRY(lks_kv_seq_resize(mkv, ms, j + 1));
-      lks_batch d = {1, &tokens[j + 1], &pos[j], seq, 1, &zero};
-      TRY(lks_model_mtp(m, mkv, &d, lks_tensor_rows(hall, j, 1), &lg, NULL));
-      TRY(lks_tensor_to_host_f32(be, mlog + (size_t)j * V, lg));
-    }
-    snprintf(what, sizeof what, "MTP first-draft logits, %d positions", n_m);
-    check(what, mlog, mref, mref_e32, n_m, V, bound);
-    // Chained drafts: per anchor i, a fresh MTP sequence over 0..i, then chain-1 more steps.
-    for (int an = 0; an < n_anchor; an++) {
-      int i = anchors[an];
-      int cs = lks_kv_seq_alloc(mkv);
-      int32_t *cseq = malloc((size_t)(i + 1) * sizeof *cseq);
-      for (int r = 0; r <= i; r++) cseq[r] = cs;
-      TRY(lks_kv_seq_resize(mkv, cs, i + 1));
-      int32_t lastrow = i;
-      lks_batch cb = {i + 1, tokens + 1, pos, cseq, 1, &lastrow};
-      lks_tensor carry;
-      TRY(lks_model_mtp(m, mkv, &cb, lks_tensor_rows(hall, 0, i + 1), &lg, &carry));
-      // The logits were computed for all rows; the anchor's are the last.
-      float *steps = malloc((size_t)chain * V * sizeof *steps);
-      for (int k = 0; k < chain; k++) {
-        lks_tensor row = lks_tensor_rows(lg, lg.rows - 1, 1);
-        TRY(lks_tensor_to_host_f32(be, steps + (size_t)k * V, row));
-        if (k + 1 == chain) break;
-        int32_t draft, zero = 0;
-        TRY(be->ops->argmax(be, row, &draft, NULL));
-        int32_t p = i + 1 + k;
-        TRY(lks_kv_seq_resize(mkv, cs, p + 1));
-        lks_batch d = {1, &draft, &p, &cs, 1, &zero};
-        lks_tensor h_in = lks_tensor_rows(carry, carry.rows - 1, 1);
-        TRY(lks_model_mtp(m, mkv, &d, h_in, &lg, &carry));
-      }
-      snprintf(what, sizeof what, "MTP chain of %d drafts at position %d", chain, i);
-      check(what, steps, cref + (size_t)an * chain * V, cref_e32 + (size_t)an * chain, chain, V,
-            bound);
-      free(steps);
-      free(cseq);
-      lks_kv_seq_free(mkv, cs);
-    }
-    free(mlog);
-    be->ops->buf_free(be, hbuf);
-    lks_kv_free(mkv);
-  }
-  printf("%s\n", failures ? "FAILED" : "all comparisons within bounds");
   free(gtok);
   free(bs_seq);
-  free(logits);
-  free(hidden);
-  free(pos);
-  free(seq);
-  free(rows);
-  lks_kv_free(kv);
-  lks_safetensors_close(ex);
-  lks_model_free(m);
-  lks_backend_free(be);
+}
+
+// 3a. First drafts: rows j = 0 .. P-2 in one batch, then one row per step.
+static void mtp_first_drafts(ref_run *r, lks_kv_cache *mkv, lks_tensor hall) {
+  lks_backend *be = r->be;
+  int V = r->V, P = r->P;
+  const int32_t *tokens = r->tokens;
+  const lks_st_tensor *tm = need(r->ex, "mtp_logits");
+  const float *mref = (const float *)tm->data;
+  int n_m = (int)tm->shape[0];
+  const float *mref_e32 = row_scale(r->ex, "mtp_logits_f32err", mref, n_m, V);
+  float *mlog = malloc((size_t)n_m * V * sizeof *mlog);
+  if (!mlog) exit(1);
+  lks_tensor lg;
+  int ms = lks_kv_seq_alloc(mkv);
+  int first = P - 1;
+  TRY(lks_kv_seq_resize(mkv, ms, first));
+  lks_batch mb = {first, tokens + 1, r->pos, r->seq, first, r->rows};
+  TRY(lks_model_mtp(r->m, mkv, &mb, lks_tensor_rows(hall, 0, first), &lg, NULL));
+  TRY(lks_tensor_to_host_f32(be, mlog, lg));
+  for (int j = first; j < n_m; j++) {
+    int32_t zero = 0;
+    TRY(lks_kv_seq_resize(mkv, ms, j + 1));
+    lks_batch d = {1, &tokens[j + 1], &r->pos[j], r->seq, 1, &zero};
+    TRY(lks_model_mtp(r->m, mkv, &d, lks_tensor_rows(hall, j, 1), &lg, NULL));
+    TRY(lks_tensor_to_host_f32(be, mlog + (size_t)j * V, lg));
+  }
+  char what[96];
+  snprintf(what, sizeof what, "MTP first-draft logits, %d positions", n_m);
+  check(what, mlog, mref, mref_e32, n_m, V, r->bound);
+  free(mlog);
+}
+
+// 3b. Chained drafts at anchor i: a fresh MTP sequence over 0..i, then chain-1 more steps; the
+// `chain` rows of logits compared with ref (cref_e32 their scales).
+static void mtp_chain_at(ref_run *r, lks_kv_cache *mkv, lks_tensor hall, int i, int chain,
+                         const float *cref, const float *cref_e32) {
+  lks_backend *be = r->be;
+  int V = r->V;
+  int cs = lks_kv_seq_alloc(mkv);
+  int32_t *cseq = malloc((size_t)(i + 1) * sizeof *cseq);
+  for (int k = 0; k <= i; k++) cseq[k] = cs;
+  TRY(lks_kv_seq_resize(mkv, cs, i + 1));
+  int32_t lastrow = i;
+  lks_batch cb = {i + 1, r->tokens + 1, r->pos, cseq, 1, &lastrow};
+  lks_tensor lg, carry;
+  TRY(lks_model_mtp(r->m, mkv, &cb, lks_tensor_rows(hall, 0, i + 1), &lg, &carry));
+  // The logits were computed for all rows; the anchor's are the last.
+  float *steps = malloc((size_t)chain * V * sizeof *steps);
+  for (int k = 0; k < chain; k++) {
+    lks_tensor row = lks_tensor_rows(lg, lg.rows - 1, 1);
+    TRY(lks_tensor_to_host_f32(be, steps + (size_t)k * V, row));
+    if (k + 1 == chain) break;
+    int32_t draft, zero = 0;
+    TRY(be->ops->argmax(be, row, &draft, NULL));
+    int32_t p = i + 1 + k;
+    TRY(lks_kv_seq_resize(mkv, cs, p + 1));
+    lks_batch d = {1, &draft, &p, &cs, 1, &zero};
+    lks_tensor h_in = lks_tensor_rows(carry, carry.rows - 1, 1);
+    TRY(lks_model_mtp(r->m, mkv, &d, h_in, &lg, &carry));
+  }
+  char what[96];
+  snprintf(what, sizeof what, "MTP chain of %d drafts at position %d", chain, i);
+  check(what, steps, cref, cref_e32, chain, V, r->bound);
+  free(steps);
+  free(cseq);
+  lks_kv_seq_free(mkv, cs);
+}
+
+// 3. MTP, from sequence A's hiddens: first drafts, then chained drafts at the reference's
+// anchors. 0, or 1 when out of memory.
+static int mtp(ref_run *r) {
+  lks_backend *be = r->be;
+  int V = r->V, H = r->H, n_rows = r->n_rows, max_len = r->max_len, bs = r->bs;
+  const lks_st_tensor *tc = need(r->ex, "mtp_chain_logits"), *tp = need(r->ex, "mtp_chain_pos");
+  const float *cref = (const float *)tc->data;
+  const int32_t *anchors = (const int32_t *)tp->data;
+  int n_anchor = (int)tc->shape[0], chain = (int)tc->shape[1];
+  const float *cref_e32 = row_scale(r->ex, "mtp_chain_f32err", cref, n_anchor * chain, V);
+  lks_kv_cache *mkv = lks_model_kv_new(r->m, true, bs, 2 * ((max_len + bs - 1) / bs), 2, max_len);
+  lks_buf *hbuf = be->ops->buf_alloc(be, (size_t)n_rows * H * sizeof(float));
+  if (!mkv || !hbuf) return 1;
+  TRY(be->ops->from_host(be, hbuf, 0, r->hidden, (size_t)n_rows * H * sizeof(float)));
+  lks_tensor hall = lks_tensor_2d(hbuf, 0, LKS_F32, n_rows, H);
+  mtp_first_drafts(r, mkv, hall);
+  for (int an = 0; an < n_anchor; an++)
+    mtp_chain_at(r, mkv, hall, anchors[an], chain, cref + (size_t)an * chain * V,
+                 cref_e32 + (size_t)an * chain);
+  be->ops->buf_free(be, hbuf);
+  lks_kv_free(mkv);
+  return 0;
+}
+
+static void unload(ref_run *r) {
+  free(r->logits);
+  free(r->hidden);
+  free(r->pos);
+  free(r->seq);
+  free(r->rows);
+  lks_kv_free(r->kv);
+  lks_safetensors_close(r->ex);
+  lks_model_free(r->m);
+  lks_backend_free(r->be);
+}
+
+int main(int argc, char **argv) {
+  ref_run r = {0};
+  int rc = load(&r, argc, argv);
+  if (rc) return rc;
+  teacher_forced(&r);
+  greedy_chunked(&r);
+  if (lks_model_has_mtp(r.m) && mtp(&r)) return 1;
+  printf("%s\n", failures ? "FAILED" : "all comparisons within bounds");
+  unload(&r);
   return failures ? 1 : 0;
 }
