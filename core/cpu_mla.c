@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // The CPU backend's ops for glm_moe_dsa (see cpu_mla.h and backend.h): LayerNorm, the store of a
 // k-only cache layer, the DSA indexer's top-k selection and MLA attention in the absorbed form.
-// Activations and caches are f32; weights F32, BF16 or F16. Sums run in f32 (the indexer's and
+// Activations and caches are f32; weights F32, BF16 or F16, and kv_b also quantized (FP8, NVFP4:
+// its rows dequantized to f32 once per head, cpu_quant.c). Sums run in f32 (the indexer's and
 // attention's dot products through the backend's dot kernels), softmax in f32 with the maximum
 // subtracted. The top-k is exact (a full sort of each row's scores), ties to the lower position.
 #include <math.h>
@@ -9,6 +10,7 @@
 #include <string.h>
 
 #include "core/cpu_mla.h"
+#include "core/cpu_quant.h"
 #include "core/error.h"
 
 static void *tptr(lks_backend *be, lks_tensor t) {
@@ -18,8 +20,14 @@ static float *frow(lks_backend *be, lks_tensor t, int64_t r) {
   return (float *)tptr(be, t) + r * t.ld;
 }
 
-// Row r of a weight (F32, BF16, F16) widened to f32.
+// Row r of a weight (F32, BF16, F16, or quantized) widened to f32.
 static void wrow(lks_backend *be, lks_tensor w, int64_t r, float *dst) {
+  if (w.qs != LKS_Q_NONE) {
+    lks__qweight q = {w.qs, tptr(be, w), w.ld, (const char *)be->ops->buf_ptr(be, w.sbuf) + w.soff,
+                      w.sld, w.qglobal, w.rows, w.cols};
+    lks__quant_row_f32(&q, r, dst);
+    return;
+  }
   const char *p = (const char *)tptr(be, w) + (size_t)(r * w.ld) * lks_dtype_size(w.dtype);
   switch (w.dtype) {
     case LKS_F32:
@@ -231,6 +239,7 @@ int lks__cpu_mla_attention(lks_backend *be, lks_tensor out, lks_tensor q, lks_te
                          "for %d heads (nope %d, rope %d, v %d, latent %d)",
                          (long long)q.cols, (long long)out.cols, (long long)wkv_b.rows,
                          (long long)wkv_b.cols, kv->head_dim, nh, dn, dr, dv, R);
+  LKS_TRY(lks_weight_check(wkv_b, R));
   int max_keys = 1;
   for (int i = 0; i < rows->n; i++) {
     int nk = sel ? n_sel[i] : rows->pos[i] + 1;

@@ -334,3 +334,31 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
     }
   }
 }
+
+void lks__quant_row_f32(const lks__qweight *w, int64_t r, float *dst) {
+  pthread_once(&lut_once, lut_init);
+  const int64_t K = w->cols, B = LKS_Q_FP8_BLOCK_SIZE;
+  const uint8_t *codes = w->codes + r * w->ld;
+  switch (w->qs) {
+    case LKS_Q_FP8_ROW: {
+      float s = ((const float *)w->scales)[r];
+      for (int64_t c = 0; c < K; c++) dst[c] = e4m3_lut[codes[c]] * s;
+      break;
+    }
+    case LKS_Q_FP8_BLOCK: {
+      const float *s = (const float *)w->scales + (r / B) * w->sld;
+      for (int64_t c = 0; c < K; c++) dst[c] = e4m3_lut[codes[c]] * s[c / B];
+      break;
+    }
+    case LKS_Q_NVFP4: {
+      const uint8_t *gs = (const uint8_t *)w->scales + r * w->sld;
+      for (int64_t c = 0; c < K; c++) {
+        uint8_t code = c & 1 ? codes[c / 2] >> 4 : codes[c / 2] & 15;
+        dst[c] = lks_e2m1_to_f32(code) * e4m3_lut[gs[c / 16]] * w->global;
+      }
+      break;
+    }
+    default:
+      memset(dst, 0, (size_t)K * sizeof *dst);  // unreachable: the callers check the scheme
+  }
+}

@@ -54,4 +54,9 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
                             int64_t r1, const float *x, int64_t ldx, int64_t n, const float *bias,
                             float *out, int64_t ldo, bool accumulate);
 
+// Row r of w dequantized to f32: dst[c] = the value the dot kernels multiply by x[c], each one
+// rounding of e4m3(code) * scale (FP8) or e2m1(code) * e4m3(scale) * global (NVFP4) away from
+// it. For ops that read a weight as a matrix rather than through a product (MLA's absorbed kv_b).
+void lks__quant_row_f32(const lks__qweight *w, int64_t r, float *dst);
+
 #endif

@@ -484,6 +484,13 @@ static int cu_mla_attention(lks_backend *be, lks_tensor out, lks_tensor q, lks_t
                          (long long)q.cols, (long long)out.cols, (long long)wkv_b.rows,
                          (long long)wkv_b.cols, kv->head_dim, nh, dn, dr, dv, R);
   LKS_TRY(lks_weight_check(wkv_b, R));
+  // The kernel (mla.cu) widens kv_b from F32 / BF16 / F16 only; FP8 or NVFP4 codes would be read
+  // as halves. The CPU backend dequantizes them (cpu_mla.c).
+  if (wkv_b.qs != LKS_Q_NONE)
+    return lks_set_error(LKS_EUNSUPPORTED,
+                         "mla_attention: kv_b_proj quantized (%s) is not supported on the cuda "
+                         "backend yet; run quantized GLM-5 checkpoints on the cpu backend",
+                         lks_qscheme_name(wkv_b.qs, wkv_b.dtype));
   int n = rows->n, n_seqs;
   if (n <= 0) return 0;
   if ((int64_t)n * nh > 0x7fffffff)

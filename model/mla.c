@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "model/model.h"
 
 struct lks__mla_layer {
   lks_tensor q_a, q_a_norm, q_b;    // [q_lora, H], [q_lora], [nh_local * (nope + rope), q_lora]
@@ -230,16 +231,16 @@ int lks__mla_forward(lks__mla *a, int l, lks_tensor x, lks_tensor h, const lks_k
   return o->matmul(be, x, att, L->o, none, true);
 }
 
-static int64_t tb(lks_tensor t) { return t.buf ? t.rows * t.cols * (int64_t)lks_dtype_size(t.dtype) : 0; }
 static int64_t tn(lks_tensor t) { return t.buf ? t.rows * t.cols : 0; }
 
-void lks__mla_cost(const lks__mla_layer *L, int64_t *bytes, int64_t *params) {
+void lks__mla_cost(const lks__mla_layer *L, int64_t *bytes, int64_t *params, int64_t *by_fmt) {
   if (!L) return;
   lks_tensor all[] = {L->q_a, L->q_a_norm, L->q_b, L->kv_a, L->kv_a_norm, L->kv_b,
                       L->o,   L->iq,       L->ik,  L->ik_w, L->ik_b,      L->iw};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-    *bytes += tb(all[i]);
+    *bytes += lks_weight_bytes(all[i]);  // codes and scales of a quantized weight
     *params += tn(all[i]);
+    if (by_fmt && all[i].buf) by_fmt[lks_tensor_wfmt(all[i])] += lks_weight_bytes(all[i]);
   }
 }
 

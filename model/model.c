@@ -867,7 +867,7 @@ static void layer_cost(const lks_model *m, const layer_w *L, int64_t *bytes, int
     *params += tnum(fixed[i]);
     if (by_fmt && fixed[i].buf) by_fmt[lks_tensor_wfmt(fixed[i])] += tbytes(fixed[i]);
   }
-  lks__mla_cost(L->mla, bytes, params);
+  lks__mla_cost(L->mla, bytes, params, by_fmt);
   if (L->moe && L->experts) {
     // top_k experts per token, of which this rank holds n_experts / E on average (all experts
     // have the same shape).

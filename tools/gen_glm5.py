@@ -18,6 +18,21 @@
 # and no schedule field is written unless --write-indexer-types 1.  Shared
 # layers carry no indexer tensors.  The MTP layer always has its own indexer.
 #
+# --quant fp8-block: GLM-5-FP8's layout (quant_method fp8, weight_block_size
+# [128, 128]): each quantized projection X.weight is F8_E4M3 with X.weight_scale_inv
+# F32 [ceil(out/128), ceil(in/128)] = amax(block) / 448, edge blocks cropped,
+# codes rounded to nearest even (gen_model.py's quantizer, applied to the BF16
+# weights). Quantized, as in zai-org's GLM-5.x FP8 releases: the MLA projections
+# (q_a, q_b, kv_a_proj_with_mqa, kv_b, o_proj), the indexer's wq_b and wk, the
+# dense FFN, the routed and shared experts, the MTP layer's attention and experts.
+# Left BF16 there (and here): embed_tokens, lm_head, the norms (and k_norm's bias),
+# the router mlp.gate, eh_proj and the indexer's weights_proj; the router's
+# e_score_correction_bias stays F32. (Public tensor inventories of GLM-5.x-FP8
+# derivatives, e.g. the butler-compute GLM-5.3-FP8-NVFP4 card, and sglang-jax's
+# GLM-5.1-FP8 loader, PR #1111: indexer.weights_proj unquantized, the dense
+# down_proj block-wise.) With --real-shapes glm5 it writes the FP8 release's
+# layout: 756 GB, as zai-org/GLM-5-FP8.
+#
 # --real-shapes glm5|glm5.2: metadata only.  Writes config.json with the real
 # configuration and a sharded safetensors layout whose shard files have
 # correct headers and sizes but no data (sparse files: header written, then
@@ -45,8 +60,9 @@ DEFAULTS = dict(
     write_indexer_types=0,
     experts=8, shared_experts=1, topk=2, moe_inter=32, inter=96, scale=2.5,
     n_group=1, topk_group=1, norm_topk=1, eps=1e-5, vocab=512, mtp=1,
-    rope_theta=10000.0, max_pos=4096, dtype="bf16", shards=1,
+    rope_theta=10000.0, max_pos=4096, dtype="bf16", shards=1, quant="none",
 )
+QUANTS = ("none", "fp8-block")
 
 # GLM-5 / 5.1 (zai-org/GLM-5; transformers GlmMoeDsaConfig defaults) and
 # GLM-5.2 (zai-org/GLM-5.2: theta 8e6, 1M context, IndexShare freq 4 offset 3).
@@ -115,6 +131,8 @@ def parse_args(argv):
     p.add_argument("--dtype", choices=["bf16", "f32"], default=None,
                    help="weight dtype (bf16); e_score_correction_bias is F32")
     add("--shards", int, "number of safetensors shards (1)")
+    p.add_argument("--quant", choices=QUANTS, default=None,
+                   help="none | fp8-block: GLM-5-FP8's 128x128-block E4M3 projections (none)")
     a = p.parse_args(argv)
     opt = dict(DEFAULTS)
     if a.real_shapes:
@@ -148,6 +166,7 @@ def check_options(o):
     need(o["shared_experts"] >= 0, "--shared-experts must be >= 0")
     need(o["first_dense"] >= 0, "--first-dense must be >= 0")
     need(o["vocab"] >= 8, "--vocab must be >= 8")
+    need(o["quant"] == "none" or o["dtype"] == "bf16", "--quant needs --dtype bf16")
     pat = o["index_topk_pattern"]
     if pat is not None:
         need(len(pat) == o["layers"] and set(pat) <= set("FS"),
@@ -317,11 +336,35 @@ def tensor_dtype(o, name):
     return "BF16" if o["dtype"] == "bf16" else "F32"
 
 
+# The projections GLM-5-FP8 leaves BF16 (see the header); every other 2-D weight
+# but the embedding, the norms and the router is quantized.
+BF16_PROJ = ("lm_head.weight", ".eh_proj.weight", ".indexer.weights_proj.weight",
+             ".mlp.gate.weight")
+
+
+def is_quantized(o, name, shape):
+    if o["quant"] == "none" or len(shape) != 2 or not name.endswith(".weight"):
+        return False
+    if "norm" in name or "embed_tokens" in name:
+        return False
+    return not any(name == s or name.endswith(s) for s in BF16_PROJ)
+
+
+def bf16_values(o, name, shape, kind):
+    """The weight as the BF16 checkpoint would hold it, as float32 [out, in]."""
+    w = gm.init_values(o, name, shape, kind)
+    u = np.frombuffer(gm.f32_to_bf16_bytes(w), "<u2").astype(np.uint32) << np.uint32(16)
+    return u.view(np.float32).reshape(shape)
+
+
 def main(argv):
     o = parse_args(argv)
     t0 = time.time()
     os.makedirs(o["out"], exist_ok=True)
     cfg = make_config(o)
+    if o["quant"] == "fp8-block":
+        cfg["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3",
+                                      "quant_method": "fp8", "weight_block_size": [128, 128]}
     with open(os.path.join(o["out"], "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
         f.write("\n")
@@ -334,7 +377,24 @@ def main(argv):
 
     tensors = all_tensors(o)
     items, sizes = [], []
+    o["scale_bf16"] = 0                     # gen_model.quantize: F32 scales, as GLM-5-FP8's
+    cache = {}                              # the last quantized weight: name -> parts
+
+    def qpart(name, shape, kind, suffix):
+        if name not in cache:
+            cache.clear()
+            cache[name] = gm.quantize(o, bf16_values(o, name, shape, kind), "fp8-block")
+        return cache[name][suffix][2]
+
     for name, shape, kind in tensors:
+        if is_quantized(o, name, shape):
+            base = name[:-len(".weight")]
+            for suffix, dt, qshape in gm.quant_layout(shape, "fp8-block", "F32"):
+                fn = (lambda name=name, shape=shape, kind=kind, suffix=suffix:
+                      qpart(name, shape, kind, suffix))
+                items.append(("%s.%s" % (base, suffix), dt, qshape, fn))
+                sizes.append(int(np.prod(qshape)) * gm.DTYPE_SIZE[dt])
+            continue
         dt = tensor_dtype(o, name)
         fn = (lambda name=name, shape=shape, kind=kind, dt=dt:
               gm.f32_to_bf16_bytes(gm.init_values(o, name, shape, kind)) if dt == "BF16"
@@ -384,8 +444,8 @@ def main(argv):
     mtp_prefix = "model.layers.%d." % o["layers"]
     nmtp = sum(int(np.prod(s)) for n, s, _ in tensors if n.startswith(mtp_prefix))
     types = indexer_types(o)
-    print("wrote %s (%s%s, seed %d) in %.1f s" % (
-        o["out"], o["dtype"],
+    print("wrote %s (%s%s%s, seed %d) in %.1f s" % (
+        o["out"], o["dtype"], ", quant " + o["quant"] if o["quant"] != "none" else "",
         ", real shapes " + o["real_shapes"] + " (metadata only, sparse shards)"
         if o["real_shapes"] else "", o["seed"], time.time() - t0))
     print("parameters: %d (%.3f M), of which MTP layer: %d; %d tensors" % (

@@ -39,6 +39,9 @@
 # shared layers repeat their full layer's rows; `mtp_topk` likewise for the
 # MTP layer's pass over the first-draft inputs.
 #
+# Quantized checkpoints (e.g. GLM-5-FP8's E4M3 weights with 128x128-block
+# weight_scale_inv) are dequantized to float64 when loaded, as in glm_ref.py.
+#
 # Usage:
 #   /usr/bin/python3 tests/reference/glm5_ref.py --model DIR --out FILE \
 #       [--prompt-len 64] [--gen 32] [--chain 3] [--seed 1] \
@@ -53,7 +56,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from glm_ref import GlmRef, load_weights, write_safetensors, top2_margin  # noqa: E402
+from glm_ref import GlmRef, dequantize, load_weights, write_safetensors, top2_margin  # noqa: E402
 
 # transformers builds q_a_layernorm / kv_a_layernorm as DeepseekV3RMSNorm(dim)
 # without passing config.rms_norm_eps: their eps is the class default 1e-6
@@ -151,7 +154,10 @@ class Glm5Ref(GlmRef):
         self.softmax_scale = self.qk ** -0.5
         assert self.r % 2 == 0 and self.idim >= self.r
 
-        self.W = load_weights(model_dir)
+        # Quantized checkpoints (GLM-5-FP8: quant_method fp8, 128x128 blocks) are
+        # dequantized to float64 by glm_ref.py's dequantize(), from the format
+        # descriptions; the forward is then the same as on BF16 weights.
+        self.W = dequantize(load_weights(model_dir), model_dir, cfg)
         self.dt = np.dtype(np.float64)  # GlmRef (main) computes in self.dt; the GLM-5 reference is float64
         self.min_route_margin = np.inf
         self.reset_index_stats()
