@@ -87,8 +87,15 @@ static double row_ratio(const float *a, const float *ref, const float *e32, int 
 
 static bool rel_mode;  // no *_f32err tensors: e32 holds each row's max|ref|, LAMBDA is relative
 
-// The *_f32err tensor `name` of `rows` values, or in rel_mode each row's max_v |ref| (owned by
-// the caller then; freed at exit).
+// rel_mode's row maxima, freed at exit.
+static float *owned[8];
+static int n_owned;
+static void free_owned(void) {
+  while (n_owned > 0) free(owned[--n_owned]);
+}
+
+// The *_f32err tensor `name` of `rows` values, or in rel_mode each row's max_v |ref| (kept in
+// `owned`, freed at exit).
 static const float *row_scale(lks_safetensors *ex, const char *name, const float *ref, int rows,
                               int V) {
   const lks_st_tensor *t = lks_safetensors_find(ex, name);
@@ -98,7 +105,9 @@ static const float *row_scale(lks_safetensors *ex, const char *name, const float
     exit(2);
   }
   float *m = calloc((size_t)(rows > 0 ? rows : 1), sizeof *m);
-  if (!m) exit(1);
+  if (!m || n_owned == (int)(sizeof owned / sizeof owned[0])) exit(1);
+  if (n_owned == 0) atexit(free_owned);
+  owned[n_owned++] = m;
   for (int r = 0; r < rows; r++)
     for (int v = 0; v < V; v++) m[r] = fmaxf(m[r], fabsf(ref[(size_t)r * V + v]));
   return m;
