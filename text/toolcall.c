@@ -250,7 +250,7 @@ static int run(lks_glm_parser *p, bool final, lks_glm_emit emit, void *ctx) {
   static const char *const content_marks[] = {"<think>", "<tool_call>"};
   static const char *const reason_marks[] = {"</think>"};
   for (;;) {
-    const char *s = p->b + p->off;
+    const char *s = p->b ? p->b + p->off : "";  // nothing fed yet: no buffer
     size_t n = p->n - p->off;
     if (p->st == S_LEAD || p->st == S_RLEAD) {
       size_t i = 0;
@@ -325,7 +325,7 @@ int lks_glm_parser_feed(lks_glm_parser *p, const char *s, size_t n, lks_glm_emit
     p->b = b;
     p->cap = cap;
   }
-  memcpy(p->b + p->n, s, n);
+  if (n) memcpy(p->b + p->n, s, n);
   p->n += n;
   return run(p, false, emit, ctx);
 }
