@@ -153,6 +153,19 @@ static int evict_hook(void *ctx, int need) {
     }
     i = prev;
   }
+  // A sequence that started from a prefix holds the target's blocks of its entries but a copy of
+  // the drafter's last one, so that entry's drafter block is held by the cache alone while the
+  // entry is in use: give such drafter blocks back too (the entry keeps its target block and is
+  // then usable without the drafter's part).
+  for (int32_t i = p->tail; p->mkv && i >= 0 && freed < need; i = p->e[i].prev) {
+    entry *e = &p->e[i];
+    if (e->dblock >= 0 && lks_kv_block_refs(p->mkv, e->dblock) == 1) {
+      lks_kv_block_unref(p->mkv, e->dblock);
+      e->dblock = -1;
+      e->dfull = false;
+      freed++;
+    }
+  }
   return freed;
 }
 
