@@ -22,7 +22,10 @@ for _ in $(seq 1 600); do
   kill -0 $pid 2>/dev/null || { echo "FAIL: the server exited"; cat "$log"; exit 1; }
   sleep 0.1
 done
-timeout -k 5 $((secs + 60)) node "$here/fuzz_requests.mjs" "http://127.0.0.1:$port" "$token" "$secs" \
+# The script's own time: the warm-up (one context's worth of tokens per slot), SECONDS of fuzzing,
+# the requests still running then, and the wait for idle. Under ASan at world 2 on a loaded
+# 2-core machine the warm-up alone took 38 s, so it gets SECONDS + 200 (ctest allows 300).
+timeout -k 5 $((secs + 200)) node "$here/fuzz_requests.mjs" "http://127.0.0.1:$port" "$token" "$secs" \
   "${LKS_FUZZ_SEED:-random}" "$check_rss"
 rc=$?
 curl -s -X POST -H "Authorization: Bearer $token" "http://127.0.0.1:$port/admin/shutdown" > /dev/null
