@@ -50,6 +50,53 @@ static void mm_f32_scalar(const void *w, int64_t ldw, int64_t m, const float *x,
 static const lks__cpu_kernels k_scalar = {"scalar", dot_bf16_scalar, dot_f32_scalar, mm_bf16_scalar,
                                           mm_f32_scalar};
 
+// The blocking of an m x n product: with one activation row, blocks of 8 weight rows (8
+// independent accumulators); otherwise blocks of RWB x RXB (RXB <= 4), activation rows outer so
+// that their block stays in L1 while the task's weight rows stream from L2.
+#define BLK_RX(blk, wp, xp, out, RW, nt, bf16)         \
+  switch (nt) {                                        \
+    case 4:                                            \
+      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 4, bf16); \
+      break;                                           \
+    case 3:                                            \
+      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 3, bf16); \
+      break;                                           \
+    case 2:                                            \
+      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 2, bf16); \
+      break;                                           \
+    default:                                           \
+      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 1, bf16); \
+  }
+
+#define DEFINE_MM(level, blk, wtype, bf16, RWB, RXB)                                             \
+  static void mm_##wtype##_##level(const void *w, int64_t ldw, int64_t m, const float *x,        \
+                                   int64_t ldx, int64_t n, int64_t K, float *out, int64_t ldo) { \
+    size_t es = bf16 ? 2 : 4;                                                                    \
+    if (n == 1) {                                                                                \
+      int64_t r = 0;                                                                             \
+      for (; r + 8 <= m; r += 8)                                                                 \
+        blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 8, 1, bf16);           \
+      for (; r + 4 <= m; r += 4)                                                                 \
+        blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 4, 1, bf16);           \
+      for (; r < m; r++)                                                                         \
+        blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 1, 1, bf16);           \
+      return;                                                                                    \
+    }                                                                                            \
+    for (int64_t t = 0; t < n; t += RXB) {                                                       \
+      int nt = n - t < RXB ? (int)(n - t) : RXB;                                                 \
+      const float *xt = x + t * ldx;                                                             \
+      int64_t r = 0;                                                                             \
+      for (; r + RWB <= m; r += RWB) {                                                           \
+        const char *wr = (const char *)w + r * ldw * es;                                         \
+        BLK_RX(blk, wr, xt, out + t * ldo + r, RWB, nt, bf16);                                   \
+      }                                                                                          \
+      for (; r < m; r++) {                                                                       \
+        const char *wr = (const char *)w + r * ldw * es;                                         \
+        BLK_RX(blk, wr, xt, out + t * ldo + r, 1, nt, bf16);                                     \
+      }                                                                                          \
+    }                                                                                            \
+  }
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 
@@ -122,55 +169,6 @@ INLINE AVX2 void blk_avx2(const void *w, int64_t ldw, const float *x, int64_t ld
 #pragma GCC unroll 4
     for (int j = 0; j < RX; j++) out[j * ldo + i] = hsum256(acc[i][j]);
 }
-
-// The blocking of an m x n product into blocks of at most 8 x 1 (one activation row) or 4 x 2
-// (16 ymm registers: 8 accumulators, 4 weights, activations).
-// The blocking of an m x n product: with one activation row, blocks of 8 weight rows (8
-// independent accumulators); otherwise blocks of RWB x RXB (RXB <= 4), activation rows outer so
-// that their block stays in L1 while the task's weight rows stream from L2.
-#define BLK_RX(blk, wp, xp, out, RW, nt, bf16)         \
-  switch (nt) {                                        \
-    case 4:                                            \
-      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 4, bf16); \
-      break;                                           \
-    case 3:                                            \
-      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 3, bf16); \
-      break;                                           \
-    case 2:                                            \
-      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 2, bf16); \
-      break;                                           \
-    default:                                           \
-      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 1, bf16); \
-  }
-
-#define DEFINE_MM(level, blk, wtype, bf16, RWB, RXB)                                             \
-  static void mm_##wtype##_##level(const void *w, int64_t ldw, int64_t m, const float *x,        \
-                                   int64_t ldx, int64_t n, int64_t K, float *out, int64_t ldo) { \
-    size_t es = bf16 ? 2 : 4;                                                                    \
-    if (n == 1) {                                                                                \
-      int64_t r = 0;                                                                             \
-      for (; r + 8 <= m; r += 8)                                                                 \
-        blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 8, 1, bf16);           \
-      for (; r + 4 <= m; r += 4)                                                                 \
-        blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 4, 1, bf16);           \
-      for (; r < m; r++)                                                                         \
-        blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 1, 1, bf16);           \
-      return;                                                                                    \
-    }                                                                                            \
-    for (int64_t t = 0; t < n; t += RXB) {                                                       \
-      int nt = n - t < RXB ? (int)(n - t) : RXB;                                                 \
-      const float *xt = x + t * ldx;                                                             \
-      int64_t r = 0;                                                                             \
-      for (; r + RWB <= m; r += RWB) {                                                           \
-        const char *wr = (const char *)w + r * ldw * es;                                         \
-        BLK_RX(blk, wr, xt, out + t * ldo + r, RWB, nt, bf16);                                   \
-      }                                                                                          \
-      for (; r < m; r++) {                                                                       \
-        const char *wr = (const char *)w + r * ldw * es;                                         \
-        BLK_RX(blk, wr, xt, out + t * ldo + r, 1, nt, bf16);                                     \
-      }                                                                                          \
-    }                                                                                            \
-  }
 
 AVX2 DEFINE_MM(avx2, blk_avx2, bf16, 1, 4, 2) AVX2 DEFINE_MM(avx2, blk_avx2, f32, 0, 4, 2)
 
@@ -252,6 +250,103 @@ static const lks__cpu_kernels k_avx2 = {"avx2", dot_bf16_avx2, dot_f32_avx2, mm_
                                         mm_f32_avx2};
 static const lks__cpu_kernels k_avx512 = {"avx512", dot_bf16_avx512, dot_f32_avx512, mm_bf16_avx512,
                                           mm_f32_avx512};
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+// ---- NEON: 8 lanes, as two 4-lane registers ----
+//
+// One output's accumulator is a pair of registers, lo (elements k..k+3 of each chunk of 8) and
+// hi (k+4..k+7): the eight lanes of the portable kernels, lane j summing elements j, j+8, ...
+// The horizontal sum vaddvq_f32(lo + hi) is pairwise (faddp), so it adds the lanes in the
+// portable order, ((a0+a4) + (a1+a5)) + ((a2+a6) + (a3+a7)). The last chunk is zero-padded. With
+// 32 vector registers, one activation row takes 8 weight rows (16 accumulators) and batches take
+// blocks of 4 x 2 (16 accumulators, 4 activation registers, 2 weight registers).
+
+typedef struct {
+  float32x4_t lo, hi;
+} f32x8;
+
+INLINE f32x8 ld8_f32_neon(const float *p) { return (f32x8){vld1q_f32(p), vld1q_f32(p + 4)}; }
+// BF16 widens to f32 by a shift of 16 (vshll): exact.
+INLINE f32x8 ld8_bf16_neon(const uint16_t *p) {
+  uint16x8_t v = vld1q_u16(p);
+  return (f32x8){vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(v), 16)),
+                 vreinterpretq_f32_u32(vshll_high_n_u16(v, 16))};
+}
+INLINE f32x8 ld8_f32_tail_neon(const float *p, int r) {
+  float b[8] = {0};
+  memcpy(b, p, (size_t)r * sizeof *b);
+  return ld8_f32_neon(b);
+}
+INLINE f32x8 ld8_bf16_tail_neon(const uint16_t *p, int r) {
+  uint16_t b[8] = {0};
+  memcpy(b, p, (size_t)r * sizeof *b);
+  return ld8_bf16_neon(b);
+}
+INLINE f32x8 fma8_neon(f32x8 acc, f32x8 a, f32x8 b) {
+  return (f32x8){vfmaq_f32(acc.lo, a.lo, b.lo), vfmaq_f32(acc.hi, a.hi, b.hi)};
+}
+
+// A block of RW weight rows x RX activation rows; bf16 selects the weight type.
+INLINE void blk_neon(const void *w, int64_t ldw, const float *x, int64_t ldx, int64_t K,
+                     float *out, int64_t ldo, int RW, int RX, int bf16) {
+  f32x8 acc[8][4];
+#pragma GCC unroll 8
+  for (int i = 0; i < RW; i++)
+#pragma GCC unroll 4
+    for (int j = 0; j < RX; j++) acc[i][j] = (f32x8){vdupq_n_f32(0), vdupq_n_f32(0)};
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    f32x8 xv[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < RX; j++) xv[j] = ld8_f32_neon(x + j * ldx + k);
+#pragma GCC unroll 8
+    for (int i = 0; i < RW; i++) {
+      f32x8 wv = bf16 ? ld8_bf16_neon((const uint16_t *)w + i * ldw + k)
+                      : ld8_f32_neon((const float *)w + i * ldw + k);
+#pragma GCC unroll 4
+      for (int j = 0; j < RX; j++) acc[i][j] = fma8_neon(acc[i][j], wv, xv[j]);
+    }
+  }
+  if (k < K) {
+    int r = (int)(K - k);
+    f32x8 xv[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < RX; j++) xv[j] = ld8_f32_tail_neon(x + j * ldx + k, r);
+#pragma GCC unroll 8
+    for (int i = 0; i < RW; i++) {
+      f32x8 wv = bf16 ? ld8_bf16_tail_neon((const uint16_t *)w + i * ldw + k, r)
+                      : ld8_f32_tail_neon((const float *)w + i * ldw + k, r);
+#pragma GCC unroll 4
+      for (int j = 0; j < RX; j++) acc[i][j] = fma8_neon(acc[i][j], wv, xv[j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < RW; i++)
+#pragma GCC unroll 4
+    for (int j = 0; j < RX; j++) out[j * ldo + i] = vaddvq_f32(vaddq_f32(acc[i][j].lo, acc[i][j].hi));
+}
+
+DEFINE_MM(neon, blk_neon, bf16, 1, 4, 2)
+DEFINE_MM(neon, blk_neon, f32, 0, 4, 2)
+
+static float dot_bf16_neon(const uint16_t *w, const float *x, int64_t n) {
+  float o;
+  blk_neon(w, 0, x, 0, n, &o, 0, 1, 1, 1);
+  return o;
+}
+static float dot_f32_neon(const float *w, const float *x, int64_t n) {
+  float o;
+  blk_neon(w, 0, x, 0, n, &o, 0, 1, 1, 0);
+  return o;
+}
+
+static const lks__cpu_kernels k_neon = {"neon", dot_bf16_neon, dot_f32_neon, mm_bf16_neon,
+                                        mm_f32_neon};
 #endif
 
 const lks__cpu_kernels *lks__cpu_kernels_get(const char *name) {
@@ -263,6 +358,9 @@ const lks__cpu_kernels *lks__cpu_kernels_get(const char *name) {
   if (strcmp(name, "avx512") == 0 && __builtin_cpu_supports("avx512f") &&
       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
     return &k_avx512;
+#elif defined(__aarch64__)
+  // Advanced SIMD is part of every arm64 Linux CPU; asked of the kernel all the same.
+  if (strcmp(name, "neon") == 0 && (getauxval(AT_HWCAP) & HWCAP_ASIMD)) return &k_neon;
 #endif
   return NULL;
 }
@@ -275,8 +373,8 @@ const lks__cpu_kernels *lks__cpu_kernels_best(void) {
     LKS_LOG(LKS_LOG_WARN, "LKS_SIMD=%s is not available on this CPU or build; choosing the best",
             forced);
   }
-  static const char *order[] = {"avx512", "avx2", "scalar"};
-  for (int i = 0; i < 3; i++) {
+  static const char *order[] = {"avx512", "avx2", "neon", "scalar"};
+  for (int i = 0; i < 4; i++) {
     const lks__cpu_kernels *k = lks__cpu_kernels_get(order[i]);
     if (k) return k;
   }

@@ -16,4 +16,9 @@ int tu_gen_model(const char *dir, const char *args);
 uint64_t tu_rand(uint64_t *state);
 float tu_randf(uint64_t *state);  // uniform in [-1, 1)
 
+// Every SIMD level of the CPU kernels (LKS_SIMD), for the tests that run each one this CPU and
+// build have (lks__cpu_kernels_get and lks__quant_kernels_get answer NULL for the others).
+#define TU_SIMD_LEVELS {"scalar", "avx2", "avx512", "neon"}
+enum { TU_N_SIMD_LEVELS = 4 };
+
 #endif
