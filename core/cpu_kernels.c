@@ -4,7 +4,8 @@
 // the arithmetic is exactly that of the F32 path, with half the bytes read. One accumulator per
 // output keeps the order fixed; the blocked kernels get their parallelism from several outputs
 // at once instead (8 weight rows for one activation row in decode, 4 x 4 in batches on
-// AVX-512), and reuse each loaded weight chunk for several activation rows.
+// AVX-512, 4 x 2 on AVX2 and NEON), and reuse each loaded weight chunk for several activation
+// rows.
 #include "core/cpu_kernels.h"
 
 #include <stdlib.h>

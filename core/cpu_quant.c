@@ -3,13 +3,13 @@
 //
 // FP8 (E4M3 "fn"): a code's bits placed in an IEEE half (sign to bit 15, exponent and mantissa
 // to bits 13..7) read 2^-8 times the E4M3 value, for normal and subnormal codes alike, and the
-// hardware's half-to-float conversion (F16C) makes it an f32 exactly, without the microcode
+// hardware's half-to-float conversion (F16C; FCVTL on arm64) makes it an f32 exactly, without the microcode
 // assists that f32 subnormals would cost. The products with x are summed per 128-column block
 // (or over the whole row for per-row scales) and each block's partial sum is multiplied by its
 // scale times 2^8: sum_b (256 s_b) * (sum_{k in b} 2^-8 e4m3(w_k) x_k). NaN codes (never written
 // by a quantizer) are not detected here.
 // NVFP4: the 16 E2M1 values are a lookup table (one permute on AVX-512; the 8 magnitudes and a
-// sign bit on AVX2); each group's values are multiplied by its E4M3 scale (exact: 2- and 4-bit
+// sign bit on AVX2; TBL of twice the values as bytes on NEON); each group's values are multiplied by its E4M3 scale (exact: 2- and 4-bit
 // mantissas) before the FMA with x.
 #include "core/cpu_quant.h"
 
