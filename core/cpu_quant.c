@@ -399,7 +399,11 @@ const lks__quant_kernels *lks__quant_kernels_get(const char *name) {
     return &q_avx512;
 #elif defined(__aarch64__)
   // Advanced SIMD with half-precision conversions (FCVTL) is part of every arm64 CPU.
-  if (strcmp(name, "neon") == 0 && (getauxval(AT_HWCAP) & HWCAP_ASIMD)) return &q_neon;
+  // neon_bf16 (cpu_kernels.c) differs in its BF16 products only: here it is neon.
+  if ((strcmp(name, "neon") == 0 || (strcmp(name, "neon_bf16") == 0 &&
+                                     (getauxval(AT_HWCAP2) & HWCAP2_BF16))) &&
+      (getauxval(AT_HWCAP) & HWCAP_ASIMD))
+    return &q_neon;
 #endif
   return NULL;
 }
