@@ -55,5 +55,13 @@ case_ "build-release" FAIL PASS PASS FAIL 1
 case_ "build-asan" PASS FAIL PASS FAIL 1
 case_ "build-arm64" PASS PASS FAIL FAIL 1
 case_ "build-release build-asan" FAIL FAIL PASS FAIL 1
+# LKS_ARM64=0: the arm64 stage is skipped, and a skipped stage does not fail the run.
+: > "$work/ctest.log"
+out=$(LKS_ARM64=0 STUB_FAIL="" STUB_LOG="$work/ctest.log" PATH="$work/bin:$PATH" bash "$work/tree/tests/run_all.sh" 2>&1)
+st=$?
+[ "$(tr '\n' ' ' < "$work/ctest.log")" = "build-release build-asan " ] && ok "LKS_ARM64=0: no arm64 tests" \
+  || bad "LKS_ARM64=0: stages run: $(tr '\n' ' ' < "$work/ctest.log")"
+grep -q '^run_all: arm64: SKIPPED' <<< "$out" && [ $st = 0 ] && ok "LKS_ARM64=0: skipped, exit status 0" \
+  || bad "LKS_ARM64=0: exit status $st, $(grep '^run_all: arm64' <<< "$out")"
 echo "$passes passed, $fails failed"
 [ "$fails" = 0 ]
