@@ -350,6 +350,10 @@ static const lks__cpu_kernels k_neon = {"neon", dot_bf16_neon, dot_f32_neon, mm_
                                         mm_f32_neon, 0};
 
 // ---- NEON with the BF16 extension (BFMMLA): only when asked for, LKS_SIMD=neon_bf16 ----
+// Built by gcc only: its arm_neon.h declares the BF16 intrinsics for a function that targets
+// armv8.2-a+bf16, while clang 14 declares them only when the whole file is built for BF16 (and
+// its assembler takes BF16 instructions in inline assembly under no directive), and the rest of
+// this file must run on any arm64 CPU. A clang build has no neon_bf16 level.
 //
 // BFMMLA multiplies a 2x4 BF16 block by a 4x2 one into a 2x2 f32 block: two weight rows by two
 // activation rows, four columns a step. Both operands must be BF16, so the activations are
@@ -362,6 +366,8 @@ static const lks__cpu_kernels k_neon = {"neon", dot_bf16_neon, dot_f32_neon, mm_
 // shares an instruction with (a missing row is a copy of row 0, whose results are dropped), so
 // a row's result does not depend on its batch, and mm_bf16 equals dot_bf16 bit for bit. The F32
 // products are NEON's.
+#if !defined(__clang__)
+#define LKS_HAVE_NEON_BF16 1
 #define NEON_BF16 __attribute__((target("arch=armv8.2-a+bf16")))
 
 // Columns [k, k + 4) of weight rows w0, w1 and activation rows x0, x1 (r < 4: zero-padded).
@@ -420,6 +426,7 @@ static float dot_bf16_neon_bf16(const uint16_t *w, const float *x, int64_t n) {
 
 static const lks__cpu_kernels k_neon_bf16 = {"neon_bf16", dot_bf16_neon_bf16, dot_f32_neon,
                                              mm_bf16_neon_bf16, mm_f32_neon, 1};
+#endif  // !__clang__
 #endif
 
 const lks__cpu_kernels *lks__cpu_kernels_get(const char *name) {
@@ -434,9 +441,11 @@ const lks__cpu_kernels *lks__cpu_kernels_get(const char *name) {
 #elif defined(__aarch64__)
   // Advanced SIMD is part of every arm64 Linux CPU; asked of the kernel all the same.
   if (strcmp(name, "neon") == 0 && (getauxval(AT_HWCAP) & HWCAP_ASIMD)) return &k_neon;
+#if defined(LKS_HAVE_NEON_BF16)
   if (strcmp(name, "neon_bf16") == 0 && (getauxval(AT_HWCAP) & HWCAP_ASIMD) &&
       (getauxval(AT_HWCAP2) & HWCAP2_BF16))
     return &k_neon_bf16;
+#endif
 #endif
   return NULL;
 }
