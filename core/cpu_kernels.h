@@ -2,13 +2,15 @@
 // The CPU backend's inner kernels: dot products of weight rows (F32 or BF16) with f32 activation
 // rows, one at a time (dot_*) or a block of weight rows against a block of activation rows
 // (mm_*: register-blocked, for batches and prefill). Each exists as a portable scalar version
-// and, on x86-64, AVX2 and AVX-512 versions compiled with target attributes and chosen at run
-// time from the CPU's features (LKS_SIMD=scalar|avx2|avx512 forces one, for tests and
-// comparisons). Internal to core/.
+// and, on x86-64, AVX2 and AVX-512 versions compiled with target attributes, on arm64 a NEON
+// version, chosen at run time from the CPU's features (LKS_SIMD=scalar|avx2|avx512|neon forces
+// one, for tests and comparisons; LKS_SIMD=neon_bf16, NEON with BFMMLA for BF16 weights, is
+// only ever taken when asked for). Internal to core/.
 //
 // Batch invariance: within a level every kernel computes each dot product in one fixed order
 // that depends only on K (for the vector levels: one accumulator vector, chunks of the vector
-// width in order, the last chunk zero-padded, then a fixed horizontal sum). So mm_* gives,
+// width in order, the last chunk zero-padded, then a fixed horizontal sum; NEON's vector is 8
+// lanes held in two registers). So mm_* gives,
 // element for element, the bits of dot_*, whatever the block shapes, and BF16 equals F32 on the
 // widened weights; a row's result never depends on the other rows of its batch.
 #ifndef LKS_CPU_KERNELS_H
@@ -25,11 +27,14 @@ typedef void (*lks__mm_fn)(const void *w, int64_t ldw, int64_t m, const float *x
                            int64_t n, int64_t K, float *out, int64_t ldo);
 
 typedef struct lks__cpu_kernels {
-  const char *name;  // "scalar", "avx2", "avx512"
+  const char *name;  // "scalar", "avx2", "avx512", "neon", "neon_bf16"
   lks__dot_bf16_fn dot_bf16;
   lks__dot_f32_fn dot_f32;
   lks__mm_fn mm_bf16;
   lks__mm_fn mm_f32;
+  // 1 when dot_bf16 / mm_bf16 round the activations to BF16 (neon_bf16, never chosen by itself:
+  // its error is far above the others', cpu_kernels.c says why).
+  int bf16_activations;
 } lks__cpu_kernels;
 
 // The kernels of one SIMD level, or NULL when this CPU or build lacks it.

@@ -3,13 +3,13 @@
 //
 // FP8 (E4M3 "fn"): a code's bits placed in an IEEE half (sign to bit 15, exponent and mantissa
 // to bits 13..7) read 2^-8 times the E4M3 value, for normal and subnormal codes alike, and the
-// hardware's half-to-float conversion (F16C) makes it an f32 exactly, without the microcode
+// hardware's half-to-float conversion (F16C; FCVTL on arm64) makes it an f32 exactly, without the microcode
 // assists that f32 subnormals would cost. The products with x are summed per 128-column block
 // (or over the whole row for per-row scales) and each block's partial sum is multiplied by its
 // scale times 2^8: sum_b (256 s_b) * (sum_{k in b} 2^-8 e4m3(w_k) x_k). NaN codes (never written
 // by a quantizer) are not detected here.
 // NVFP4: the 16 E2M1 values are a lookup table (one permute on AVX-512; the 8 magnitudes and a
-// sign bit on AVX2); each group's values are multiplied by its E4M3 scale (exact: 2- and 4-bit
+// sign bit on AVX2; TBL of twice the values as bytes on NEON); each group's values are multiplied by its E4M3 scale (exact: 2- and 4-bit
 // mantissas) before the FMA with x.
 #include "core/cpu_quant.h"
 
@@ -265,6 +265,122 @@ AVX512 static void nvfp4_avx512(const uint8_t *w, const uint8_t *gs, const float
 
 static const lks__quant_kernels q_avx2 = {"avx2", fp8_avx2, nvfp4_avx2};
 static const lks__quant_kernels q_avx512 = {"avx512", fp8_avx512, nvfp4_avx512};
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+// ---- NEON: the AVX2 kernels' arithmetic with each 8-lane vector as two 4-lane registers ----
+
+typedef struct {
+  float32x4_t lo, hi;
+} f32x8;
+
+static const f32x8 zero8 = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+
+INLINE f32x8 ld8(const float *p) { return (f32x8){vld1q_f32(p), vld1q_f32(p + 4)}; }
+INLINE f32x8 fma8(f32x8 acc, f32x8 a, f32x8 b) {
+  return (f32x8){vfmaq_f32(acc.lo, a.lo, b.lo), vfmaq_f32(acc.hi, a.hi, b.hi)};
+}
+INLINE f32x8 fma8s(f32x8 acc, f32x8 a, float32x4_t s) {
+  return (f32x8){vfmaq_f32(acc.lo, a.lo, s), vfmaq_f32(acc.hi, a.hi, s)};
+}
+INLINE float hsum8_neon(f32x8 a, f32x8 b) {
+  return vaddvq_f32(vaddq_f32(vaddq_f32(a.lo, b.lo), vaddq_f32(a.hi, b.hi)));
+}
+
+// 8 codes as f32, 2^-8 times their value, as on AVX2: sign-extended to 16 bits, shifted into
+// half-precision position, bit 14 cleared, converted (FCVTL: exact, subnormal halves included).
+INLINE f32x8 fp8x8_neon(const uint8_t *p) {
+  int16x8_t h = vmovl_s8(vreinterpret_s8_u8(vld1_u8(p)));
+  uint16x8_t u = vandq_u16(vreinterpretq_u16_s16(vshlq_n_s16(h, 7)), vdupq_n_u16(0xBF80));
+  float16x8_t f = vreinterpretq_f16_u16(u);
+  return (f32x8){vcvt_f32_f16(vget_low_f16(f)), vcvt_high_f32_f16(f)};
+}
+
+// NX rows (1 or 2) of one weight row.
+INLINE void fp8_neon_n(const uint8_t *w, const float *bs, int64_t blk, const float *const *x,
+                       int64_t K, float *out, const int NX) {
+  f32x8 acc[2][2], p[2][2];
+  float tail[2] = {0, 0};
+  for (int t = 0; t < NX; t++) acc[t][0] = acc[t][1] = zero8;
+  for (int64_t k0 = 0, b = 0; k0 < K; k0 += blk, b++) {
+    int64_t k1 = k0 + blk < K ? k0 + blk : K, k = k0;
+    for (int t = 0; t < NX; t++) p[t][0] = p[t][1] = zero8;
+    for (; k + 16 <= k1; k += 16) {
+      f32x8 w0 = fp8x8_neon(w + k), w1 = fp8x8_neon(w + k + 8);
+      for (int t = 0; t < NX; t++) {
+        p[t][0] = fma8(p[t][0], w0, ld8(x[t] + k));
+        p[t][1] = fma8(p[t][1], w1, ld8(x[t] + k + 8));
+      }
+    }
+    if (k + 8 <= k1) {
+      f32x8 w0 = fp8x8_neon(w + k);
+      for (int t = 0; t < NX; t++) p[t][0] = fma8(p[t][0], w0, ld8(x[t] + k));
+      k += 8;
+    }
+    float32x4_t s = vdupq_n_f32(bs[b] * 256.0f);
+    for (int t = 0; t < NX; t++) {
+      acc[t][0] = fma8s(acc[t][0], p[t][0], s);
+      acc[t][1] = fma8s(acc[t][1], p[t][1], s);
+      float ts = 0;
+      for (int64_t j = k; j < k1; j++) ts += e4m3_lut[w[j]] * x[t][j];
+      tail[t] += ts * bs[b];
+    }
+  }
+  for (int t = 0; t < NX; t++) out[t] = hsum8_neon(acc[t][0], acc[t][1]) + tail[t];
+}
+
+static void fp8_neon(const uint8_t *w, const float *bs, int64_t blk, const float *const *x, int nx,
+                     int64_t K, float *out) {
+  int t = 0;
+  for (; t + 2 <= nx; t += 2) fp8_neon_n(w, bs, blk, x + t, K, out + t, 2);
+  if (t < nx) fp8_neon_n(w, bs, blk, x + t, K, out + t, 1);
+}
+
+// The 16 E2M1 values times 2, as signed bytes (a table lookup, TBL), for 16 codes from 8 bytes
+// (low nibble first); widened to f32 and multiplied by half the group scale: 2v * (s / 2) is
+// v * s exactly (2- and 4-bit mantissas), the values the other kernels multiply by.
+static const int8_t e2m1_x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+INLINE void fp4x16_neon(const uint8_t *p, int8x16_t lut, float32x4_t hs, f32x8 *a, f32x8 *b) {
+  uint8x8_t by = vld1_u8(p);
+  uint8x8_t lo = vand_u8(by, vdup_n_u8(15)), hi = vshr_n_u8(by, 4);
+  uint8x16_t codes = vcombine_u8(vzip1_u8(lo, hi), vzip2_u8(lo, hi));
+  int8x16_t v = vqtbl1q_s8(lut, codes);
+  int16x8_t v0 = vmovl_s8(vget_low_s8(v)), v1 = vmovl_high_s8(v);
+  a->lo = vmulq_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(v0))), hs);
+  a->hi = vmulq_f32(vcvtq_f32_s32(vmovl_high_s16(v0)), hs);
+  b->lo = vmulq_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(v1))), hs);
+  b->hi = vmulq_f32(vcvtq_f32_s32(vmovl_high_s16(v1)), hs);
+}
+
+INLINE void nvfp4_neon_n(const uint8_t *w, const uint8_t *gs, const float *const *x, int64_t K,
+                         float *out, const int NX) {
+  int8x16_t lut = vld1q_s8(e2m1_x2);
+  f32x8 acc[2][2];
+  for (int t = 0; t < NX; t++) acc[t][0] = acc[t][1] = zero8;
+  for (int64_t g = 0; g < K / 16; g++) {
+    f32x8 w0, w1;
+    fp4x16_neon(w + g * 8, lut, vdupq_n_f32(e4m3_lut[gs[g]] * 0.5f), &w0, &w1);
+    for (int t = 0; t < NX; t++) {
+      acc[t][0] = fma8(acc[t][0], w0, ld8(x[t] + g * 16));
+      acc[t][1] = fma8(acc[t][1], w1, ld8(x[t] + g * 16 + 8));
+    }
+  }
+  for (int t = 0; t < NX; t++) out[t] = hsum8_neon(acc[t][0], acc[t][1]);
+}
+
+static void nvfp4_neon(const uint8_t *w, const uint8_t *gs, const float *const *x, int nx,
+                       int64_t K, float *out) {
+  int t = 0;
+  for (; t + 2 <= nx; t += 2) nvfp4_neon_n(w, gs, x + t, K, out + t, 2);
+  if (t < nx) nvfp4_neon_n(w, gs, x + t, K, out + t, 1);
+}
+
+static const lks__quant_kernels q_neon = {"neon", fp8_neon, nvfp4_neon};
 #endif
 
 const lks__quant_kernels *lks__quant_kernels_get(const char *name) {
@@ -281,6 +397,13 @@ const lks__quant_kernels *lks__quant_kernels_get(const char *name) {
   if (strcmp(name, "avx512") == 0 && __builtin_cpu_supports("avx512f") &&
       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") && f16c)
     return &q_avx512;
+#elif defined(__aarch64__)
+  // Advanced SIMD with half-precision conversions (FCVTL) is part of every arm64 CPU.
+  // neon_bf16 (cpu_kernels.c) differs in its BF16 products only: here it is neon.
+  if ((strcmp(name, "neon") == 0 || (strcmp(name, "neon_bf16") == 0 &&
+                                     (getauxval(AT_HWCAP2) & HWCAP2_BF16))) &&
+      (getauxval(AT_HWCAP) & HWCAP_ASIMD))
+    return &q_neon;
 #endif
   return NULL;
 }
@@ -293,8 +416,8 @@ const lks__quant_kernels *lks__quant_kernels_best(void) {
     LKS_LOG(LKS_LOG_WARN, "LKS_SIMD=%s: no such quantized kernels on this CPU; choosing the best",
             forced);
   }
-  static const char *order[] = {"avx512", "avx2", "scalar"};
-  for (int i = 0; i < 3; i++) {
+  static const char *order[] = {"avx512", "avx2", "neon", "scalar"};
+  for (int i = 0; i < 4; i++) {
     const lks__quant_kernels *k = lks__quant_kernels_get(order[i]);
     if (k) return k;
   }

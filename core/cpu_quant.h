@@ -3,8 +3,8 @@
 // (E4M3, per-row or 128x128-block scales) and NVFP4 (E2M1 codes, an E4M3 scale per 16 columns, a
 // per-tensor multiplier) weight rows with f32 activation rows. The codes are read as they are
 // stored and dequantized in registers inside the dot; activations stay f32. As for cpu_kernels.h,
-// each exists as a portable version and, on x86-64, AVX2 and AVX-512 versions chosen at run time
-// (LKS_SIMD forces one). Internal to core/.
+// each exists as a portable version and, on x86-64, AVX2 and AVX-512 versions, on arm64 a NEON
+// version, chosen at run time (LKS_SIMD forces one). Internal to core/.
 //
 // Batch invariance: a kernel takes up to LKS__QROWS activation rows and dequantizes each weight
 // chunk once for all of them, but every row's arithmetic (which products, which accumulator, the
@@ -29,7 +29,7 @@ typedef void (*lks__qdot_nvfp4_fn)(const uint8_t *w, const uint8_t *gscale, cons
                                    int nx, int64_t K, float *out);
 
 typedef struct lks__quant_kernels {
-  const char *name;  // "scalar", "avx2", "avx512"
+  const char *name;  // "scalar", "avx2", "avx512", "neon"
   lks__qdot_fp8_fn fp8;
   lks__qdot_nvfp4_fn nvfp4;
 } lks__quant_kernels;

@@ -30,6 +30,14 @@
 #include <emmintrin.h>
 #endif
 
+// x86-64 gets clones for wider vectors, chosen at load time; elsewhere (arm64: NEON is the
+// baseline) one version.
+#if defined(__x86_64__)
+#define LKS_WIDE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define LKS_WIDE_CLONES
+#endif
+
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
 void lks_rng_seed(lks_rng *r, uint64_t seed) {
@@ -107,7 +115,7 @@ static inline float exp_le0(float x) {
 
 // w[i] = exp((l[i] - mx) * inv_t) for i < n; returns their sum in double, in a fixed order (eight
 // interleaved partial sums, then a fixed tree), so it does not depend on the compiler.
-LKS_VECTORIZE_NO_CONTRACT __attribute__((target_clones("avx512f", "avx2", "default"))) static double
+LKS_VECTORIZE_NO_CONTRACT LKS_WIDE_CLONES static double
 weights(const float *l, int n, float mx, float inv_t, float *w) {
   for (int i = 0; i < n; i++) w[i] = exp_le0((l[i] - mx) * inv_t);
   double s[8] = {0};

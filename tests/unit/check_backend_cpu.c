@@ -149,13 +149,13 @@ static const int64_t dot_lens[] = {1, 7, 8, 15, 16, 17, 31, 32, 33, 100, 1000, 4
 enum { N_DOT_LENS = sizeof dot_lens / sizeof dot_lens[0], DOT_TRIALS = 8 };
 
 START_TEST(test_dot_kernels) {
-  static const char *levels[] = {"scalar", "avx2", "avx512"};
+  static const char *levels[] = TU_SIMD_LEVELS;
   int tested = 0;
   uint64_t rng = 1234;
   const int64_t cap = 4099 + 65;
   float *w = TB_NEW(float, cap), *x = TB_NEW(float, cap);
   uint16_t *wb = TB_NEW(uint16_t, cap);
-  for (int l = 0; l < 3; l++) {
+  for (int l = 0; l < TU_N_SIMD_LEVELS; l++) {
     const lks__cpu_kernels *k = lks__cpu_kernels_get(levels[l]);
     if (!k) {
       fprintf(stderr, "check_backend_cpu: kernel level %s not available here\n", levels[l]);
@@ -166,7 +166,7 @@ START_TEST(test_dot_kernels) {
     for (int li = 0; li < N_DOT_LENS; li++) {
       int64_t n = dot_lens[li];
       float got_f32[DOT_TRIALS], got_bf16[DOT_TRIALS];
-      double ref_f32[DOT_TRIALS], ref_bf16[DOT_TRIALS];
+      double ref_f32[DOT_TRIALS], ref_bf16[DOT_TRIALS], mag_bf16[DOT_TRIALS];
       for (int t = 0; t < DOT_TRIALS; t++) {
         // One element of offset: unaligned loads. NaN after the end: reading past n fails.
         for (int64_t i = 0; i < n + 65; i++) {
@@ -175,20 +175,28 @@ START_TEST(test_dot_kernels) {
           x[i] = in ? tu_randf(&rng) : NAN;
           wb[i] = lks_f32_to_bf16(in ? tu_randf(&rng) : NAN);
         }
-        double sf = 0, sb = 0;
+        double sf = 0, sb = 0, mb = 0;
         for (int64_t i = 1; i <= n; i++) {
           sf += (double)w[i] * x[i];
           sb += tb_bf16_val(wb[i]) * x[i];
+          mb += fabs(tb_bf16_val(wb[i]) * x[i]);
         }
         ref_f32[t] = sf;
         ref_bf16[t] = sb;
+        mag_bf16[t] = mb;
         got_f32[t] = k->dot_f32(w + 1, x + 1, n);
         got_bf16[t] = k->dot_bf16(wb + 1, x + 1, n);
       }
       ck_assert_rel(got_f32, ref_f32, DOT_TRIALS, TOL, "%s dot_f32 n=%lld", k->name,
                     (long long)n);
-      ck_assert_rel(got_bf16, ref_bf16, DOT_TRIALS, TOL, "%s dot_bf16 n=%lld", k->name,
-                    (long long)n);
+      if (!k->bf16_activations)
+        ck_assert_rel(got_bf16, ref_bf16, DOT_TRIALS, TOL, "%s dot_bf16 n=%lld", k->name,
+                      (long long)n);
+      else  // each product's activation rounded to BF16: 2^-9 relative, and f32 sums
+        for (int t = 0; t < DOT_TRIALS; t++)
+          ck_assert_msg(fabs(got_bf16[t] - ref_bf16[t]) <= 0x1p-8 * mag_bf16[t],
+                        "%s dot_bf16 n=%lld: %.9g vs %.9g (sum of |products| %g)", k->name,
+                        (long long)n, got_bf16[t], ref_bf16[t], mag_bf16[t]);
     }
   }
   ck_assert_int_ge(tested, 1);
@@ -197,17 +205,20 @@ START_TEST(test_dot_kernels) {
 END_TEST
 
 // The blocked kernels give, element for element, the bits of the single dot product, for block
-// shapes that end mid-block in both directions and for strided rows.
+// shapes that end mid-block in both directions and for strided rows; and every level's blocked
+// products agree with the portable kernels' within TOL (relative to the largest).
 START_TEST(test_mm_kernels_match_dot) {
-  static const char *levels[] = {"scalar", "avx2", "avx512"};
+  static const char *levels[] = TU_SIMD_LEVELS;
   static const int64_t ms[] = {1, 3, 4, 8, 13}, ns[] = {1, 2, 3, 4, 5, 9};
   static const int64_t ks[] = {1, 15, 16, 17, 48, 100};
   uint64_t rng = 4321;
   const int64_t ld = 110;
   float *wf = tb_randv(&rng, (size_t)(13 * ld), 1.0f), *x = tb_randv(&rng, (size_t)(9 * ld), 1.0f);
   uint16_t *wb = tb_encode(LKS_BF16, wf, (size_t)(13 * ld), NULL);
-  float *out = TB_NEW(float, 9 * 20);
-  for (int l = 0; l < 3; l++) {
+  float *out = TB_NEW(float, 9 * 20), *out_s = TB_NEW(float, 9 * 20);
+  double *ref = TB_NEW(double, 9 * 20);
+  const lks__cpu_kernels *kp = lks__cpu_kernels_get("scalar");
+  for (int l = 0; l < TU_N_SIMD_LEVELS; l++) {
     const lks__cpu_kernels *k = lks__cpu_kernels_get(levels[l]);
     if (!k) continue;
     for (int mi = 0; mi < 5; mi++)
@@ -215,10 +226,23 @@ START_TEST(test_mm_kernels_match_dot) {
         for (int ki = 0; ki < 6; ki++) {
           int64_t m = ms[mi], n = ns[ni], K = ks[ki];
           for (int bf = 0; bf < 2; bf++) {
-            if (bf)
+            if (bf) {
               k->mm_bf16(wb, ld, m, x, ld, n, K, out, 20);
-            else
+              kp->mm_bf16(wb, ld, m, x, ld, n, K, out_s, 20);
+            } else {
               k->mm_f32(wf, ld, m, x, ld, n, K, out, 20);
+              kp->mm_f32(wf, ld, m, x, ld, n, K, out_s, 20);
+            }
+            float got[9 * 13];
+            for (int64_t t = 0; t < n; t++)
+              for (int64_t r = 0; r < m; r++) {
+                got[t * m + r] = out[t * 20 + r];
+                ref[t * m + r] = out_s[t * 20 + r];
+              }
+            if (!(bf && k->bf16_activations))  // (its bound: test_dot_kernels)
+              ck_assert_rel(got, ref, n * m, TOL, "%s mm_%s m=%lld n=%lld K=%lld against scalar",
+                            k->name, bf ? "bf16" : "f32", (long long)m, (long long)n,
+                            (long long)K);
             for (int64_t t = 0; t < n; t++)
               for (int64_t r = 0; r < m; r++) {
                 float d = bf ? k->dot_bf16(wb + r * ld, x + t * ld, K)
@@ -312,14 +336,16 @@ END_TEST
 
 // The backend on each SIMD level this CPU has (LKS_SIMD), through both BF16 paths.
 START_TEST(test_matmul_simd_levels) {
-  static const char *levels[] = {"scalar", "avx2", "avx512"};
-  for (int l = 0; l < 3; l++) {
-    if (!lks__cpu_kernels_get(levels[l])) continue;
+  static const char *levels[] = TU_SIMD_LEVELS;
+  for (int l = 0; l < TU_N_SIMD_LEVELS; l++) {
+    const lks__cpu_kernels *k = lks__cpu_kernels_get(levels[l]);
+    if (!k) continue;
     setenv("LKS_SIMD", levels[l], 1);
     lks_backend *b = tb_new_backend(2);
     for (int d = 0; d < 3; d++)
       for (int ni = 0; ni < N_MM_ROWS; ni++)
-        matmul_case(b, tb_mm_dtypes[d], mm_rows[ni], true, true, true, 7);
+        if (!(k->bf16_activations && tb_mm_dtypes[d] == LKS_BF16))  // (test_dot_kernels)
+          matmul_case(b, tb_mm_dtypes[d], mm_rows[ni], true, true, true, 7);
   }
   unsetenv("LKS_SIMD");
 }

@@ -29,7 +29,7 @@ static void teardown(void) { tb_free_owned(); }
 // runs on a batch, on the same rows in reverse order, and on every row alone (a one-row view);
 // results must agree bitwise. Case _i is the SIMD level (LKS_SIMD); a level this CPU lacks is
 // skipped with a note.
-static const char *bi_levels[] = {"scalar", "avx2", "avx512"};
+static const char *bi_levels[] = TU_SIMD_LEVELS;
 static const int bi_rows[] = {1, 2, 31, 32, 33, 64, 65};
 static const int64_t bi_k[] = {48, 80, 100, 4097};
 enum { BI_NROWS = sizeof bi_rows / sizeof bi_rows[0], BI_NK = sizeof bi_k / sizeof bi_k[0] };
@@ -365,10 +365,10 @@ static Suite *batch_invariance_suite(void) {
   TCase *tc = tcase_create("batch_invariance");
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_set_timeout(tc, 240);
-  tcase_add_loop_test(tc, test_batch_invariance_matmul, 0, 3);
-  tcase_add_loop_test(tc, test_batch_invariance_expert, 0, 3);
-  tcase_add_loop_test(tc, test_experts_match_expert_calls, 0, 3);
-  tcase_add_loop_test(tc, test_batch_invariance_rowwise, 0, 3);
+  tcase_add_loop_test(tc, test_batch_invariance_matmul, 0, TU_N_SIMD_LEVELS);
+  tcase_add_loop_test(tc, test_batch_invariance_expert, 0, TU_N_SIMD_LEVELS);
+  tcase_add_loop_test(tc, test_experts_match_expert_calls, 0, TU_N_SIMD_LEVELS);
+  tcase_add_loop_test(tc, test_batch_invariance_rowwise, 0, TU_N_SIMD_LEVELS);
   suite_add_tcase(s, tc);
   return s;
 }

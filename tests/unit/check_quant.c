@@ -127,12 +127,12 @@ static uint8_t rand_e4m3(uint64_t *s) {
   return b;
 }
 
-static const char *levels[] = {"scalar", "avx2", "avx512"};
+static const char *levels[] = TU_SIMD_LEVELS;
 
 START_TEST(test_kernels) {
   uint64_t rs = 12345;
   const int64_t Ks[] = {16, 128, 192, 1024, 200, 2 * 1408 + 8};
-  for (int lv = 0; lv < 3; lv++) {
+  for (int lv = 0; lv < TU_N_SIMD_LEVELS; lv++) {
     const lks__quant_kernels *k = lks__quant_kernels_get(levels[lv]);
     if (!k) continue;
     for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
@@ -221,7 +221,7 @@ static lks_tensor make_q(lks_backend *be, lks_qscheme qs, int64_t M, int64_t K, 
 START_TEST(test_batch_invariance) {
   const lks_qscheme schemes[] = {LKS_Q_FP8_ROW, LKS_Q_FP8_BLOCK, LKS_Q_NVFP4};
   const int ns[] = {2, 3, 4, 5, 7, 8, 13, 33};
-  for (int lv = 0; lv < 3; lv++) {
+  for (int lv = 0; lv < TU_N_SIMD_LEVELS; lv++) {
     if (!lks__quant_kernels_get(levels[lv])) continue;
     setenv("LKS_SIMD", levels[lv], 1);
     lks_backend *be = lks_backend_new("cpu", 2);

@@ -1,0 +1,105 @@
+// SPDX-License-Identifier: MIT
+// Speed of the CPU backend's kernels on one thread, level by level (LKS_SIMD's names): the BF16
+// and F32 blocked products (mm_*) of M weight rows of K columns with 1 activation row (decode)
+// and with 8 (a batch), and the FP8 (128-blocks) and NVFP4 dots. Reports the thread's CPU time
+// per call (median of repeats), which a machine busy with other work disturbs less than wall
+// time, and the speed-up over the portable level. Under qemu-user the figures say which kernels
+// emulate faster, nothing about a real CPU.
+//   build/kernel_bench [M] [K] [repeats]
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/cpu_kernels.h"
+#include "core/cpu_quant.h"
+#include "core/dtype.h"
+
+static double cpu_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+enum { MAX_REP = 64 };
+
+// The median CPU time of `rep` runs of case c of level l.
+static double run_case(const lks__cpu_kernels *k, const lks__quant_kernels *q, int c, int rep,
+                       const void *wb, const float *wf, const uint8_t *w8, const uint8_t *w4,
+                       const float *bs, const uint8_t *gs, const float *x, int64_t M, int64_t K,
+                       float *out) {
+  double t[MAX_REP];
+  for (int r = 0; r < rep; r++) {
+    double t0 = cpu_now();
+    switch (c) {
+      case 0: k->mm_bf16(wb, K, M, x, K, 1, K, out, M); break;
+      case 1: k->mm_bf16(wb, K, M, x, K, 8, K, out, M); break;
+      case 2: k->mm_f32(wf, K, M, x, K, 1, K, out, M); break;
+      case 3: k->mm_f32(wf, K, M, x, K, 8, K, out, M); break;
+      default: {
+        const float *xs[1] = {x};
+        for (int64_t i = 0; i < M; i++) {
+          if (c == 4)
+            q->fp8(w8 + i * K, bs + (i / 128) * (K / 128), 128, xs, 1, K, out + i);
+          else
+            q->nvfp4(w4 + i * (K / 2), gs + i * (K / 16), xs, 1, K, out + i);
+        }
+      }
+    }
+    t[r] = cpu_now() - t0;
+  }
+  qsort(t, (size_t)rep, sizeof *t, cmp_d);
+  return t[rep / 2];
+}
+
+int main(int argc, char **argv) {
+  int64_t M = argc > 1 ? atoll(argv[1]) : 512, K = argc > 2 ? atoll(argv[2]) : 1024;
+  int rep = argc > 3 ? atoi(argv[3]) : 5;
+  if (M < 1 || K < 128 || K % 128 || rep < 1 || rep > MAX_REP) {
+    fprintf(stderr, "usage: kernel_bench [M] [K, a multiple of 128] [repeats <= %d]\n", MAX_REP);
+    return 2;
+  }
+  uint16_t *wb = malloc((size_t)(M * K) * 2);
+  float *wf = malloc((size_t)(M * K) * 4), *x = malloc((size_t)(8 * K) * 4);
+  float *bs = malloc((size_t)(M * K / 128) * 4 + 4), *out = malloc((size_t)(8 * M) * 4);
+  uint8_t *w8 = malloc((size_t)(M * K)), *w4 = malloc((size_t)(M * K / 2)),
+          *gs = malloc((size_t)(M * K / 16));
+  if (!wb || !wf || !x || !bs || !out || !w8 || !w4 || !gs) return 1;
+  uint64_t s = 88172645463325252ull;
+  for (int64_t i = 0; i < M * K; i++) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    wf[i] = (float)((double)(s >> 11) / 9007199254740992.0 - 0.5);
+    wb[i] = lks_f32_to_bf16(wf[i]);
+    w8[i] = (uint8_t)(s >> 3) & 0x7e;  // no NaN codes
+    if (i < M * K / 2) w4[i] = (uint8_t)(s >> 17);
+    if (i < M * K / 16) gs[i] = (uint8_t)(s >> 29) & 0x3f;
+  }
+  for (int64_t i = 0; i < M * K / 128; i++) bs[i] = 0.01f;
+  for (int64_t i = 0; i < 8 * K; i++) x[i] = (float)((i % 7) - 3) * 0.25f;
+  static const char *levels[] = {"scalar", "avx2", "avx512", "neon", "neon_bf16"};
+  static const char *cases[] = {"mm_bf16 n=1", "mm_bf16 n=8", "mm_f32 n=1", "mm_f32 n=8",
+                                "fp8 dot", "nvfp4 dot"};
+  double base[6] = {0};
+  printf("kernel_bench: %lld x %lld weights, CPU ms per call (median of %d), speed-up over scalar\n",
+         (long long)M, (long long)K, rep);
+  for (int l = 0; l < 5; l++) {
+    const lks__cpu_kernels *k = lks__cpu_kernels_get(levels[l]);
+    const lks__quant_kernels *q = lks__quant_kernels_get(levels[l]);
+    if (!k) continue;
+    for (int c = 0; c < 6; c++) {
+      if (c >= 4 && (!q || strcmp(q->name, levels[l]) != 0)) continue;  // the same as another
+      double t = run_case(k, q, c, rep, wb, wf, w8, w4, bs, gs, x, M, K, out);
+      if (l == 0) base[c] = t;
+      printf("  %-10s %-12s %9.3f ms  x%.2f\n", levels[l], cases[c], t * 1e3,
+             base[c] > 0 && t > 0 ? base[c] / t : 0.0);
+    }
+  }
+  free(wb), free(wf), free(x), free(bs), free(out), free(w8), free(w4), free(gs);
+  return 0;
+}
