@@ -66,7 +66,15 @@ typedef struct lks_sched_opts {
   char spec[16];
   int n_drafts;
   char ladder[LKS_LADDER_TEXT];
-  bool gate;
+  bool gate;  // the adaptive policy picks K per sequence (else the ladder's K for all)
+  // Tests: K for a sequence at its n_generated-th token, within the levers and the room left,
+  // instead of the policy's or the ladder's (NULL: none); the drafts of every verify; the MTP
+  // drafter's backlog limit (lks_proposer.backlog; 0: the default, 1: catch up at every plain
+  // step).
+  int (*force_k)(void *ctx, int slot, int n_generated);
+  void (*on_drafts)(void *ctx, int slot, int n_generated, const int32_t *drafts, int nd);
+  void *test_ctx;
+  int mtp_backlog;
 } lks_sched_opts;
 
 // The options from the settings table (--max-queue, --prefill-chunk, --max-seq-len,

@@ -10,10 +10,12 @@
 
 enum { MAX_DRAFTS = LKS_MAX_DRAFTS };
 
-// A slot's drafter state: the target hidden states its MTP cache still lacks (kept from the
-// last forward with mtp set), and the drafts of its last propose (checked against the verify).
+// A slot's drafter state: the target hidden states its MTP cache still lacks (the rows of the
+// last verify, or the last prefill chunk's last row, then the rows of the deferred plain steps
+// since: the lazy catch-up's backlog), and the drafts of its last propose (checked against the
+// verify).
 typedef struct {
-  lks_buf *hid;           // [MAX_DRAFTS + 1, H]
+  lks_buf *hid;           // [LKS_MTP_BACKLOG, H]
   int hid_rows, hid_pos;  // rows kept, position of the first
   int32_t drafts[MAX_DRAFTS];
   int n_drafts, draft_pos;  // position of the verify row that carries the first draft
@@ -65,7 +67,7 @@ lks_engine *lks_engine_new(lks_model *m, int max_slots, int max_seq_len, int blo
     e->drafts = calloc((size_t)max_slots * MAX_DRAFTS, sizeof *e->drafts);
     if (!e->mkv || !e->spec || !e->drafts) goto fail;
     for (int i = 0; i < max_slots; i++) {
-      e->spec[i].hid = be->ops->buf_alloc(be, (MAX_DRAFTS + 1) * H * sizeof(float));
+      e->spec[i].hid = be->ops->buf_alloc(be, (size_t)LKS_MTP_BACKLOG * H * sizeof(float));
       if (!e->spec[i].hid) goto fail;
     }
   }
@@ -188,6 +190,17 @@ static int check_forward(const lks_engine *e, const Lockstep__Forward *f) {
       if (s->tokens[t] < 0 || s->tokens[t] >= vocab)
         return lks_set_error(LKS_ERANGE, "slot %u: token id %d outside the vocabulary [0, %d)",
                              s->slot, s->tokens[t], vocab);
+    if (!s->defer_mtp) continue;
+    // A deferred plain step's row joins the slot's kept rows, which must end right before it.
+    if (!f->mtp || !e->mkv || s->n_tokens != 1 || s->want_all)
+      return lks_set_error(LKS_EINVAL, "slot %u: defer_mtp on a run that is not one plain token "
+                           "of a forward for the drafter", s->slot);
+    const spec_slot *sp = &e->spec[s->slot];
+    if (sp->hid_rows > 0 && (sp->hid_pos + sp->hid_rows != (int)s->start_pos ||
+                             sp->hid_rows >= LKS_MTP_BACKLOG))
+      return lks_set_error(LKS_EINVAL,
+                           "slot %u: a deferred row at %u after %d kept rows at %d (at most %d)",
+                           s->slot, s->start_pos, sp->hid_rows, sp->hid_pos, LKS_MTP_BACKLOG);
   }
   if (f->output != LOCKSTEP__OUTPUT_MODE__OUT_NONE && f->output != LOCKSTEP__OUTPUT_MODE__OUT_GREEDY &&
       f->output != LOCKSTEP__OUTPUT_MODE__OUT_LOGITS)
@@ -435,7 +448,12 @@ static int mtp_after_forward(lks_engine *e, const Lockstep__Forward *f, lks_tens
     const Lockstep__SlotTokens *s = f->seqs[i];
     spec_slot *sp = &e->spec[s->slot];
     int start = (int)s->start_pos, cnt = (int)s->n_tokens;
-    if (!s->want_all) {
+    if (s->defer_mtp) {
+      // The lazy catch-up: keep the row; the drafter pairs it with the next token later.
+      if (sp->hid_rows == 0) sp->hid_pos = start;
+      LKS_TRY(copy_rows(e, hid_view(e, s->slot, sp->hid_rows + 1), sp->hid_rows, hidden, (int)r0, 1));
+      sp->hid_rows++;
+    } else if (!s->want_all) {
       int first = n;
       // The kept row of the previous chunk pairs with this chunk's first token.
       if (sp->hid_rows == 1 && sp->hid_pos == start - 1) {
@@ -625,8 +643,15 @@ int lks_engine_exec(lks_engine *e, const Lockstep__Command *cmd, lks_engine_out 
               cmd->levers->ladder ? cmd->levers->ladder : "");
       return 0;
     case LOCKSTEP__CMD_TYPE__EP_CMD_COMMIT:
-      for (size_t i = 0; i < cmd->commit->n_slots; i++)
-        LKS_TRY(lks_kv_seq_resize(e->kv, (int)cmd->commit->slots[i], (int)cmd->commit->keep_len[i]));
+      for (size_t i = 0; i < cmd->commit->n_slots; i++) {
+        int slot = (int)cmd->commit->slots[i], keep = (int)cmd->commit->keep_len[i];
+        LKS_TRY(lks_kv_seq_resize(e->kv, slot, keep));
+        // The drafter keeps the hidden rows of the kept positions only: a deferred plain step
+        // after this verify appends right after them.
+        spec_slot *sp = e->spec ? &e->spec[slot] : NULL;
+        if (sp && sp->hid_rows > 0 && sp->hid_pos + sp->hid_rows > keep)
+          sp->hid_rows = keep > sp->hid_pos ? keep - sp->hid_pos : 0;
+      }
       return 0;
     default:
       return 0;

@@ -1,0 +1,231 @@
+// SPDX-License-Identifier: MIT
+// The adaptive draft-count policy (see spec.h): K per sequence from measured step costs and each
+// sequence's running acceptance.
+//
+// The model of one decoding step of w sequences of which sequence i drafts k_i tokens, with
+// K = max k_i (the chained drafter runs K times over every drafting sequence) and R = sum k_i
+// (extra verify rows):
+//   T = plain(w) + K * draft(w) + R * row(w, K)          (plain(w) alone when K = 0)
+// and sequence i's expected tokens from the step E_i(k_i) = 1 + sum_{j<=k_i} prod_{l<=j} a_il,
+// a_il its acceptance at draft position l given the earlier ones were accepted. The policy picks
+// the k maximising sum_i E_i(k_i) / T: for every K (exactly the deepest draft count), a
+// Dinkelbach iteration over the rate lambda (each sequence's best k_i <= K for
+// E_i(k) - lambda * row * k, separable once K is fixed; one sequence forced to K when none
+// reaches it), then the best K. A plain row in a batch that verifies others adds nothing to R:
+// it costs what it costs in a plain step (the shared plain(w)).
+//
+// The costs are exponential averages per batch width of what the scheduler measures on rank 0;
+// rows and drafts that were never measured are explored first (each K a few times), and the
+// neighbours of the chosen K are probed now and then so that the averages follow the machine.
+// Nothing here changes tokens: the verify rule makes the output independent of K.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "spec/spec.h"
+
+// Samples of each cost before it is trusted; steps between probes of the neighbouring K; the
+// weight of a new observation in the averages; the acceptance a sequence starts from before the
+// pooled one is known.
+enum { POLICY_SAMPLES = 2, POLICY_PROBE_EVERY = 24 };
+static const double COST_W = 0.25, ACC_W = 0.2, ACC_PRIOR = 0.6;
+
+struct lks_policy {
+  int k_max, n_widths;
+  lks_policy_costs *c;  // [n_widths]; wider batches share the last
+  int *n_plain, *n_draft, (*n_row)[LKS_MAX_DRAFTS + 1];  // samples per cost, [n_widths]
+  int *since_probe, *last_k;                              // [n_widths]
+  int probe_turn;
+  double acc[LKS_MAX_DRAFTS];  // pooled acceptance per position, every sequence's observations
+  bool acc_seen;
+};
+
+// ---- the choice, a pure function of costs and acceptances ----
+
+double lks_policy_expected(const float *acc, int k) {
+  double e = 1, run = 1;
+  for (int j = 0; j < k; j++) {
+    run *= acc[j];
+    e += run;
+  }
+  return e;
+}
+
+double lks_policy_step_cost(const lks_policy_costs *c, int K, int R) {
+  return K == 0 ? c->plain : c->plain + K * c->draft + R * c->row[K];
+}
+
+// The best k_i for every sequence with exactly K as the deepest, at rate lambda; false when no
+// sequence may draft K.
+static bool best_at(const lks_policy_costs *c, int n, const float (*acc)[LKS_MAX_DRAFTS],
+                    const int *kcap, int K, double lambda, int *k) {
+  int force = -1;
+  double force_loss = INFINITY;
+  bool reached = false;
+  for (int i = 0; i < n; i++) {
+    int top = kcap[i] < K ? kcap[i] : K, best = 0;
+    double bv = -INFINITY;
+    for (int j = 0; j <= top; j++) {
+      double v = lks_policy_expected(acc[i], j) - lambda * c->row[K] * j;
+      if (v > bv + 1e-12) bv = v, best = j;
+    }
+    k[i] = best;
+    if (best == K) reached = true;
+    if (top == K) {
+      double loss = bv - (lks_policy_expected(acc[i], K) - lambda * c->row[K] * K);
+      if (loss < force_loss) force_loss = loss, force = i;
+    }
+  }
+  if (reached) return true;
+  if (force < 0) return false;
+  k[force] = K;
+  return true;
+}
+
+static double value(const lks_policy_costs *c, int n, const float (*acc)[LKS_MAX_DRAFTS],
+                    const int *k) {
+  int K = 0, R = 0;
+  double e = 0;
+  for (int i = 0; i < n; i++) {
+    K = k[i] > K ? k[i] : K;
+    R += k[i];
+    e += lks_policy_expected(acc[i], k[i]);
+  }
+  return e / lks_policy_step_cost(c, K, R);
+}
+
+double lks_policy_choose(const lks_policy_costs *c, int n, const float (*acc)[LKS_MAX_DRAFTS],
+                         const int *kcap, int k_max, int *k, int *scratch) {
+  for (int i = 0; i < n; i++) k[i] = 0;
+  double best = value(c, n, acc, k);
+  for (int K = 1; K <= k_max; K++) {
+    double lambda = best;  // from the best so far: Dinkelbach stops at once when K cannot beat it
+    for (int it = 0; it < 64 && best_at(c, n, acc, kcap, K, lambda, scratch); it++) {
+      double v = value(c, n, acc, scratch);
+      if (v > best * (1 + 1e-12)) {
+        best = v;
+        memcpy(k, scratch, (size_t)n * sizeof *k);
+      }
+      if (v <= lambda * (1 + 1e-12)) break;  // nothing at this K beats lambda
+      lambda = v;
+    }
+  }
+  return best;
+}
+
+// ---- the measured state ----
+
+lks_policy *lks_policy_new(int max_width, int k_max) {
+  if (max_width < 1) max_width = 1;
+  lks_policy *p = calloc(1, sizeof *p);
+  if (!p) return NULL;
+  p->k_max = k_max < 0 ? 0 : k_max > LKS_MAX_DRAFTS ? LKS_MAX_DRAFTS : k_max;
+  p->n_widths = max_width;
+  size_t n = (size_t)max_width;
+  p->c = calloc(n, sizeof *p->c);
+  p->n_plain = calloc(n, sizeof *p->n_plain);
+  p->n_draft = calloc(n, sizeof *p->n_draft);
+  p->n_row = calloc(n, sizeof *p->n_row);
+  p->since_probe = calloc(n, sizeof *p->since_probe);
+  p->last_k = calloc(n, sizeof *p->last_k);
+  if (!p->c || !p->n_plain || !p->n_draft || !p->n_row || !p->since_probe || !p->last_k) {
+    lks_policy_free(p);
+    lks_set_error(LKS_ENOMEM, "policy: out of memory");
+    return NULL;
+  }
+  for (int j = 0; j < LKS_MAX_DRAFTS; j++) p->acc[j] = ACC_PRIOR;
+  return p;
+}
+
+void lks_policy_free(lks_policy *p) {
+  if (!p) return;
+  free(p->c);
+  free(p->n_plain);
+  free(p->n_draft);
+  free(p->n_row);
+  free(p->since_probe);
+  free(p->last_k);
+  free(p);
+}
+
+static int width_index(const lks_policy *p, int w) {
+  return w < 1 ? 0 : w > p->n_widths ? p->n_widths - 1 : w - 1;
+}
+
+void lks_policy_seq_init(const lks_policy *p, lks_policy_seq *s) {
+  memset(s, 0, sizeof *s);
+  for (int j = 0; j < LKS_MAX_DRAFTS; j++) s->acc[j] = (float)(p ? p->acc[j] : ACC_PRIOR);
+}
+
+void lks_policy_observe(lks_policy *p, lks_policy_seq *s, int k, int accepted) {
+  // Position j's acceptance is observed when the drafts before it were all accepted.
+  for (int j = 0; j < k && j <= accepted; j++) {
+    double x = j < accepted ? 1.0 : 0.0;
+    s->acc[j] = (float)((1 - ACC_W) * s->acc[j] + ACC_W * x);
+    if (p) p->acc[j] = (1 - ACC_W) * p->acc[j] + ACC_W * x;
+  }
+  s->rounds++;
+  if (p) p->acc_seen = true;
+}
+
+static void avg(double *v, int *n, double x) {
+  *v = *n ? (1 - COST_W) * *v + COST_W * x : x;
+  (*n)++;
+}
+
+void lks_policy_record(lks_policy *p, int w, int K, int R, double t_propose, double t_step) {
+  if (t_step <= 0) return;
+  int wi = width_index(p, w);
+  if (K == 0) {
+    avg(&p->c[wi].plain, &p->n_plain[wi], t_step);
+    return;
+  }
+  if (K > p->k_max || R <= 0 || !p->n_plain[wi]) return;
+  avg(&p->c[wi].draft, &p->n_draft[wi], t_propose / K);
+  double verify = t_step - t_propose - p->c[wi].plain;
+  avg(&p->c[wi].row[K], &p->n_row[wi][K], verify > 0 ? verify / R : 0);
+}
+
+const lks_policy_costs *lks_policy_costs_at(const lks_policy *p, int w) {
+  return &p->c[width_index(p, w)];
+}
+
+int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, int n, int *k,
+                    int *scratch) {
+  int wi = width_index(p, n), cap = 0;
+  for (int i = 0; i < n; i++) cap = kcap[i] > cap ? kcap[i] : cap;
+  if (cap > p->k_max) cap = p->k_max;
+  // Explore: the plain step first, then each K until it has its samples.
+  int explore = -1;
+  if (p->n_plain[wi] < POLICY_SAMPLES) explore = 0;
+  for (int K = 1; explore < 0 && K <= cap; K++)
+    if (p->n_row[wi][K] < POLICY_SAMPLES) explore = K;
+  // Probe: now and then the K next to the last choice, alternately below and above.
+  if (explore < 0 && ++p->since_probe[wi] >= POLICY_PROBE_EVERY) {
+    p->since_probe[wi] = 0;
+    int last = p->last_k[wi], up = last + 1 <= cap ? last + 1 : -1, down = last - 1;
+    p->probe_turn ^= 1;
+    explore = p->probe_turn && up >= 0 ? up : down >= 0 ? down : up;
+  }
+  if (explore >= 0) {
+    int K = 0;
+    for (int i = 0; i < n; i++) {
+      k[i] = kcap[i] < explore ? kcap[i] : explore;
+      K = k[i] > K ? k[i] : K;
+    }
+    return K;
+  }
+  float(*acc)[LKS_MAX_DRAFTS] = malloc((size_t)n * sizeof *acc);
+  if (!acc) {  // out of memory: decode plainly this step (the output is the same)
+    for (int i = 0; i < n; i++) k[i] = 0;
+    return 0;
+  }
+  for (int i = 0; i < n; i++) memcpy(acc[i], s[i]->acc, sizeof acc[i]);
+  lks_policy_choose(&p->c[wi], n, (const float(*)[LKS_MAX_DRAFTS])acc, kcap, cap, k, scratch);
+  free(acc);
+  int K = 0;
+  for (int i = 0; i < n; i++) K = k[i] > K ? k[i] : K;
+  p->last_k[wi] = K;
+  return K;
+}
