@@ -14,9 +14,10 @@
 // reaches it), then the best K. A plain row in a batch that verifies others adds nothing to R:
 // it costs what it costs in a plain step (the shared plain(w)).
 //
-// The costs are exponential averages per batch width of what the scheduler measures on rank 0;
-// rows and drafts that were never measured are explored first (each K a few times), and the
-// neighbours of the chosen K are probed now and then so that the averages follow the machine.
+// The costs are exponential averages per batch width of what the scheduler measures on rank 0:
+// plain steps and one-draft steps are measured first; a deeper K's row cost, until measured, is
+// the one below it (it is tried when that says it pays), and the neighbours of the chosen K are
+// probed now and then so that the averages follow the machine.
 // Nothing here changes tokens: the verify rule makes the output independent of K.
 #include <math.h>
 #include <stdlib.h>
@@ -196,11 +197,12 @@ int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, in
   int wi = width_index(p, n), cap = 0;
   for (int i = 0; i < n; i++) cap = kcap[i] > cap ? kcap[i] : cap;
   if (cap > p->k_max) cap = p->k_max;
-  // Explore: the plain step first, then each K until it has its samples.
+  // Explore: the plain step first, then one draft. Deeper K are not tried blindly: until
+  // measured, a K's row cost is taken from the deepest measured K below it, and it runs only
+  // when that extrapolation says it pays (then it is measured).
   int explore = -1;
   if (p->n_plain[wi] < POLICY_SAMPLES) explore = 0;
-  for (int K = 1; explore < 0 && K <= cap; K++)
-    if (p->n_row[wi][K] < POLICY_SAMPLES) explore = K;
+  else if (cap >= 1 && p->n_row[wi][1] < POLICY_SAMPLES) explore = 1;
   // Probe: now and then the K next to the last choice, alternately below and above.
   if (explore < 0 && ++p->since_probe[wi] >= POLICY_PROBE_EVERY) {
     p->since_probe[wi] = 0;
@@ -222,7 +224,10 @@ int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, in
     return 0;
   }
   for (int i = 0; i < n; i++) memcpy(acc[i], s[i]->acc, sizeof acc[i]);
-  lks_policy_choose(&p->c[wi], n, (const float(*)[LKS_MAX_DRAFTS])acc, kcap, cap, k, scratch);
+  lks_policy_costs c = p->c[wi];
+  for (int K = 2; K <= cap; K++)
+    if (!p->n_row[wi][K]) c.row[K] = c.row[K - 1];
+  lks_policy_choose(&c, n, (const float(*)[LKS_MAX_DRAFTS])acc, kcap, cap, k, scratch);
   free(acc);
   int K = 0;
   for (int i = 0; i < n; i++) K = k[i] > K ? k[i] : K;
