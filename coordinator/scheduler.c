@@ -334,8 +334,9 @@ static int announce(lks_sched *s, int n_free, int n_alloc, bool levers) {
 // their drafter's backlog (lazy catch-up), caught up by the proposer only when it is full.
 // Drafting sequences are proposed together at the deepest count and each verifies its own first
 // k. Returns the number of decode sequences (m->dreq); m->n_d[i] is each one's draft count and
-// m->drafts + i * LKS_MAX_DRAFTS its drafts; *K_out the deepest count, *R_out their sum.
-static int propose(lks_sched *s, int *K_out, int *R_out) {
+// m->drafts + i * LKS_MAX_DRAFTS its drafts; *K_out the deepest count, *R_out their sum;
+// *caught_up whether a drafting sequence had plain steps to catch up (its cost is not a step's).
+static int propose(lks_sched *s, int *K_out, int *R_out, bool *caught_up) {
   lks__sched_mem *m = &s->m;
   lks_proposer *pr = s->proposer;
   int n_dec = 0;
@@ -351,6 +352,7 @@ static int propose(lks_sched *s, int *K_out, int *R_out) {
     }
   }
   *K_out = *R_out = 0;
+  *caught_up = false;
   if (!pr || n_dec == 0) return n_dec;
   int k_lim = s->now.speculation ? lks_ladder_k(&s->now.parsed, n_dec, s->now.n_drafts) : 0;
   for (int i = 0; i < n_dec; i++) {
@@ -373,8 +375,11 @@ static int propose(lks_sched *s, int *K_out, int *R_out) {
     }
   }
   int n_draft = 0, n_rest = 0;
-  for (int i = 0; i < n_dec; i++)
+  for (int i = 0; i < n_dec; i++) {
     if (m->n_d[i] > 0) m->idx[n_draft++] = i;
+    *caught_up |= m->n_d[i] > 0 && m->pseq[i]->waiting > 0;
+    m->pseq[i]->waiting = m->n_d[i] > 0 ? 0 : m->pseq[i]->waiting + 1;
+  }
   if (n_draft > 0) {
     for (int j = 0; j < n_draft; j++) m->sub[j] = m->dseq[m->idx[j]];
     LKS_TRY(pr->ops->propose_batch(pr, m->sub, n_draft, K, m->dtmp, m->ntmp));
@@ -586,7 +591,7 @@ static void gauges(lks_sched *s) {
 // speculative steps without prefill rows, which would blur them). K, R: the deepest draft count
 // and the draft rows of the step.
 static void account(lks_sched *s, int n_dec, bool prefill, bool speculated, int produced,
-                    double dt, double t_propose, int K, int R) {
+                    double dt, double t_propose, int K, int R, bool caught_up) {
   pthread_mutex_lock(&s->mu);
   lks__sched_hist_add(&s->st.step, dt);
   s->st.steps++;
@@ -606,15 +611,17 @@ static void account(lks_sched *s, int n_dec, bool prefill, bool speculated, int 
     for (int i = 0; i < n_dec; i++) sp->k_rows[s->m.n_d[i]]++;
   }
   pthread_mutex_unlock(&s->mu);
-  if (!prefill && n_dec > 0 && s->policy) lks_policy_record(s->policy, n_dec, K, R, t_propose, dt);
+  if (!prefill && n_dec > 0 && s->policy && !caught_up)
+    lks_policy_record(s->policy, n_dec, K, R, t_propose, dt);
 }
 
 int lks_sched_step(lks_sched *s) {
   int n_free, n_alloc, K, R;
+  bool caught_up;
   bool levers = admit(s, &n_free, &n_alloc);
   LKS_TRY(announce(s, n_free, n_alloc, levers));
   double t0 = lks_clock();
-  int n_dec = propose(s, &K, &R);
+  int n_dec = propose(s, &K, &R, &caught_up);
   if (n_dec < 0) return n_dec;
   double t_propose = lks_clock() - t0;
   lks_engine_out out;
@@ -629,7 +636,7 @@ int lks_sched_step(lks_sched *s) {
   }
   LKS_TRY(accept(s, n, &out, logits));
   int produced = emit(s, n, &speculated);
-  account(s, n_dec, prefill, speculated, produced, lks_clock() - t0, t_propose, K, R);
+  account(s, n_dec, prefill, speculated, produced, lks_clock() - t0, t_propose, K, R, caught_up);
   return 1;
 }
 

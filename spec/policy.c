@@ -29,14 +29,14 @@
 // Samples of each cost before it is trusted; steps between probes of the neighbouring K; the
 // weight of a new observation in the averages; the acceptance a sequence starts from before the
 // pooled one is known.
-enum { POLICY_SAMPLES = 2, POLICY_PROBE_EVERY = 24 };
+enum { POLICY_SAMPLES = 2, POLICY_PROBE_EVERY = 32 };
 static const double COST_W = 0.25, ACC_W = 0.2, ACC_PRIOR = 0.6;
 
 struct lks_policy {
   int k_max, n_widths;
   lks_policy_costs *c;  // [n_widths]; wider batches share the last
   int *n_plain, *n_draft, (*n_row)[LKS_MAX_DRAFTS + 1];  // samples per cost, [n_widths]
-  int *since_probe, *last_k;                              // [n_widths]
+  int *since_probe, *last_k, *probe_k, *probe_left;      // [n_widths]
   int probe_turn;
   double acc[LKS_MAX_DRAFTS];  // pooled acceptance per position, every sequence's observations
   bool acc_seen;
@@ -130,7 +130,10 @@ lks_policy *lks_policy_new(int max_width, int k_max) {
   p->n_row = calloc(n, sizeof *p->n_row);
   p->since_probe = calloc(n, sizeof *p->since_probe);
   p->last_k = calloc(n, sizeof *p->last_k);
-  if (!p->c || !p->n_plain || !p->n_draft || !p->n_row || !p->since_probe || !p->last_k) {
+  p->probe_k = calloc(n, sizeof *p->probe_k);
+  p->probe_left = calloc(n, sizeof *p->probe_left);
+  if (!p->c || !p->n_plain || !p->n_draft || !p->n_row || !p->since_probe || !p->last_k ||
+      !p->probe_k || !p->probe_left) {
     lks_policy_free(p);
     lks_set_error(LKS_ENOMEM, "policy: out of memory");
     return NULL;
@@ -147,6 +150,8 @@ void lks_policy_free(lks_policy *p) {
   free(p->n_row);
   free(p->since_probe);
   free(p->last_k);
+  free(p->probe_k);
+  free(p->probe_left);
   free(p);
 }
 
@@ -203,12 +208,19 @@ int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, in
   int explore = -1;
   if (p->n_plain[wi] < POLICY_SAMPLES) explore = 0;
   else if (cap >= 1 && p->n_row[wi][1] < POLICY_SAMPLES) explore = 1;
-  // Probe: now and then the K next to the last choice, alternately below and above.
-  if (explore < 0 && ++p->since_probe[wi] >= POLICY_PROBE_EVERY) {
+  // Probe: now and then the K next to the last choice, alternately below and above, for two
+  // steps (the first of a probe from plain decoding catches the drafter up, which is not a
+  // step's cost: the scheduler does not record it).
+  if (explore < 0 && p->probe_left[wi] > 0) {
+    p->probe_left[wi]--;
+    explore = p->probe_k[wi] <= cap ? p->probe_k[wi] : cap;
+  } else if (explore < 0 && ++p->since_probe[wi] >= POLICY_PROBE_EVERY) {
     p->since_probe[wi] = 0;
     int last = p->last_k[wi], up = last + 1 <= cap ? last + 1 : -1, down = last - 1;
     p->probe_turn ^= 1;
     explore = p->probe_turn && up >= 0 ? up : down >= 0 ? down : up;
+    p->probe_k[wi] = explore;
+    p->probe_left[wi] = explore >= 0 ? 1 : 0;
   }
   if (explore >= 0) {
     int K = 0;

@@ -118,6 +118,7 @@ typedef struct lks_policy_costs {
 typedef struct lks_policy_seq {
   float acc[LKS_MAX_DRAFTS];
   uint64_t rounds;
+  int waiting;  // plain steps since it last drafted (the positions its drafter has to catch up)
 } lks_policy_seq;
 
 typedef struct lks_policy lks_policy;

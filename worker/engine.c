@@ -15,7 +15,8 @@ enum { MAX_DRAFTS = LKS_MAX_DRAFTS };
 // since: the lazy catch-up's backlog), and the drafts of its last propose (checked against the
 // verify).
 typedef struct {
-  lks_buf *hid;           // [LKS_MTP_BACKLOG, H]
+  lks_buf *hid;           // [hid_cap, H], grown on demand up to LKS_MTP_BACKLOG rows
+  int hid_cap;
   int hid_rows, hid_pos;  // rows kept, position of the first
   int32_t drafts[MAX_DRAFTS];
   int n_drafts, draft_pos;  // position of the verify row that carries the first draft
@@ -67,7 +68,8 @@ lks_engine *lks_engine_new(lks_model *m, int max_slots, int max_seq_len, int blo
     e->drafts = calloc((size_t)max_slots * MAX_DRAFTS, sizeof *e->drafts);
     if (!e->mkv || !e->spec || !e->drafts) goto fail;
     for (int i = 0; i < max_slots; i++) {
-      e->spec[i].hid = be->ops->buf_alloc(be, (size_t)LKS_MTP_BACKLOG * H * sizeof(float));
+      e->spec[i].hid_cap = 4 * (MAX_DRAFTS + 1);
+      e->spec[i].hid = be->ops->buf_alloc(be, (size_t)e->spec[i].hid_cap * H * sizeof(float));
       if (!e->spec[i].hid) goto fail;
     }
   }
@@ -414,6 +416,28 @@ static lks_tensor hid_view(const lks_engine *e, int slot, int rows) {
   return lks_tensor_2d(e->spec[slot].hid, 0, LKS_F32, rows, H);
 }
 
+static int copy_rows(lks_engine *e, lks_tensor dst, int d0, lks_tensor src, int r0, int n);
+
+// Doubles a slot's kept hidden rows (up to LKS_MTP_BACKLOG), keeping those it holds.
+static int grow_hid(lks_engine *e, int slot) {
+  spec_slot *sp = &e->spec[slot];
+  lks_backend *be = lks_model_backend(e->m);
+  int H = lks_model_config(e->m)->hidden, cap = 2 * sp->hid_cap;
+  if (cap > LKS_MTP_BACKLOG) cap = LKS_MTP_BACKLOG;
+  lks_buf *b = be->ops->buf_alloc(be, (size_t)cap * H * sizeof(float));
+  if (!b) return lks_set_error(LKS_ENOMEM, "slot %d: %d hidden rows for the drafter", slot, cap);
+  int rc = copy_rows(e, lks_tensor_2d(b, 0, LKS_F32, cap, H), 0, hid_view(e, slot, sp->hid_rows), 0,
+                     sp->hid_rows);
+  if (rc < 0) {
+    be->ops->buf_free(be, b);
+    return rc;
+  }
+  be->ops->buf_free(be, sp->hid);
+  sp->hid = b;
+  sp->hid_cap = cap;
+  return 0;
+}
+
 static lks_tensor stage_view(const lks_engine *e, int r0, int n) {
   int H = lks_model_config(e->m)->hidden;
   return lks_tensor_rows(lks_tensor_2d(e->stage, 0, LKS_F32, e->cap_stage, H), r0, n);
@@ -451,6 +475,7 @@ static int mtp_after_forward(lks_engine *e, const Lockstep__Forward *f, lks_tens
     if (s->defer_mtp) {
       // The lazy catch-up: keep the row; the drafter pairs it with the next token later.
       if (sp->hid_rows == 0) sp->hid_pos = start;
+      if (sp->hid_rows == sp->hid_cap) LKS_TRY(grow_hid(e, (int)s->slot));
       LKS_TRY(copy_rows(e, hid_view(e, s->slot, sp->hid_rows + 1), sp->hid_rows, hidden, (int)r0, 1));
       sp->hid_rows++;
     } else if (!s->want_all) {
