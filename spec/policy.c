@@ -17,7 +17,9 @@
 // The costs are exponential averages per batch width of what the scheduler measures on rank 0:
 // plain steps and one-draft steps are measured first; a deeper K's row cost, until measured, is
 // the one below it (it is tried when that says it pays), and the neighbours of the chosen K are
-// probed now and then so that the averages follow the machine.
+// probed now and then so that the averages follow the machine: after 32 steps, then after twice
+// as many each time a probe leaves the choice as it was (up to 512), after 32 again when it
+// changes it.
 // Nothing here changes tokens: the verify rule makes the output independent of K.
 #include <math.h>
 #include <stdlib.h>
@@ -26,10 +28,11 @@
 #include "core/error.h"
 #include "spec/spec.h"
 
-// Samples of each cost before it is trusted; steps between probes of the neighbouring K; the
-// weight of a new observation in the averages; the acceptance a sequence starts from before the
-// pooled one is known.
-enum { POLICY_SAMPLES = 2, POLICY_PROBE_EVERY = 32 };
+// Samples of a plain step's cost before it is trusted (one-draft steps need one); steps between
+// probes of the neighbouring K, doubled after each probe that left the choice as it was, up to
+// the most; the weight of a new observation in the averages; the acceptance a sequence starts
+// from before the pooled one is known.
+enum { POLICY_SAMPLES = 2, POLICY_PROBE_EVERY = 32, POLICY_PROBE_MOST = 512 };
 static const double COST_W = 0.25, ACC_W = 0.2, ACC_PRIOR = 0.6;
 
 struct lks_policy {
@@ -37,6 +40,7 @@ struct lks_policy {
   lks_policy_costs *c;  // [n_widths]; wider batches share the last
   int *n_plain, *n_draft, (*n_row)[LKS_MAX_DRAFTS + 1];  // samples per cost, [n_widths]
   int *since_probe, *last_k, *probe_k, *probe_left;      // [n_widths]
+  int *probe_every, *probe_from;                          // [n_widths]; probe_from: K before it
   int probe_turn;
   double acc[LKS_MAX_DRAFTS];  // pooled acceptance per position, every sequence's observations
   bool acc_seen;
@@ -132,13 +136,16 @@ lks_policy *lks_policy_new(int max_width, int k_max) {
   p->last_k = calloc(n, sizeof *p->last_k);
   p->probe_k = calloc(n, sizeof *p->probe_k);
   p->probe_left = calloc(n, sizeof *p->probe_left);
-  if (!p->c || !p->n_plain || !p->n_draft || !p->n_row || !p->since_probe || !p->last_k ||
+  p->probe_every = calloc(n, sizeof *p->probe_every);
+  p->probe_from = calloc(n, sizeof *p->probe_from);
+  if (!p->probe_every || !p->probe_from ||!p->c || !p->n_plain || !p->n_draft || !p->n_row || !p->since_probe || !p->last_k ||
       !p->probe_k || !p->probe_left) {
     lks_policy_free(p);
     lks_set_error(LKS_ENOMEM, "policy: out of memory");
     return NULL;
   }
   for (int j = 0; j < LKS_MAX_DRAFTS; j++) p->acc[j] = ACC_PRIOR;
+  for (int i = 0; i < max_width; i++) p->probe_every[i] = POLICY_PROBE_EVERY, p->probe_from[i] = -1;
   return p;
 }
 
@@ -152,6 +159,8 @@ void lks_policy_free(lks_policy *p) {
   free(p->last_k);
   free(p->probe_k);
   free(p->probe_left);
+  free(p->probe_every);
+  free(p->probe_from);
   free(p);
 }
 
@@ -207,15 +216,16 @@ int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, in
   // when that extrapolation says it pays (then it is measured).
   int explore = -1;
   if (p->n_plain[wi] < POLICY_SAMPLES) explore = 0;
-  else if (cap >= 1 && p->n_row[wi][1] < POLICY_SAMPLES) explore = 1;
+  else if (cap >= 1 && p->n_row[wi][1] < 1) explore = 1;
   // Probe: now and then the K next to the last choice, alternately below and above, for two
   // steps (the first of a probe from plain decoding catches the drafter up, which is not a
   // step's cost: the scheduler does not record it).
   if (explore < 0 && p->probe_left[wi] > 0) {
     p->probe_left[wi]--;
     explore = p->probe_k[wi] <= cap ? p->probe_k[wi] : cap;
-  } else if (explore < 0 && ++p->since_probe[wi] >= POLICY_PROBE_EVERY) {
+  } else if (explore < 0 && ++p->since_probe[wi] >= p->probe_every[wi]) {
     p->since_probe[wi] = 0;
+    p->probe_from[wi] = p->last_k[wi];
     int last = p->last_k[wi], up = last + 1 <= cap ? last + 1 : -1, down = last - 1;
     p->probe_turn ^= 1;
     explore = p->probe_turn && up >= 0 ? up : down >= 0 ? down : up;
@@ -244,5 +254,11 @@ int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, in
   int K = 0;
   for (int i = 0; i < n; i++) K = k[i] > K ? k[i] : K;
   p->last_k[wi] = K;
+  if (p->probe_from[wi] >= 0) {  // the first choice after a probe
+    int e = p->probe_every[wi];
+    p->probe_every[wi] = K == p->probe_from[wi] ? (2 * e < POLICY_PROBE_MOST ? 2 * e : POLICY_PROBE_MOST)
+                                                : POLICY_PROBE_EVERY;
+    p->probe_from[wi] = -1;
+  }
   return K;
 }
