@@ -14,7 +14,7 @@
 // reaches it), then the best K. A plain row in a batch that verifies others adds nothing to R:
 // it costs what it costs in a plain step (the shared plain(w)).
 //
-// The costs are exponential averages per batch width of what the scheduler measures on rank 0:
+// The costs are medians per batch width of the last samples the scheduler measures on rank 0:
 // plain steps and one-draft steps are measured first; a deeper K's row cost, until measured, is
 // the one below it (it is tried when that says it pays), and the neighbours of the chosen K are
 // probed now and then so that the averages follow the machine: after 32 steps, then after twice
@@ -33,11 +33,40 @@
 // the most; the weight of a new observation in the averages; the acceptance a sequence starts
 // from before the pooled one is known.
 enum { POLICY_SAMPLES = 2, POLICY_PROBE_EVERY = 32, POLICY_PROBE_MOST = 512 };
-static const double COST_W = 0.25, ACC_W = 0.2, ACC_PRIOR = 0.6;
+static const double ACC_W = 0.2, ACC_PRIOR = 0.6;
+// Speculation must beat plain decoding by this fraction to be chosen: costs are measured on a
+// machine that may be shared, and a choice within the noise of plain decoding is no gain.
+static const double POLICY_MARGIN = 0.03;
+
+// Each cost is the median of its last COST_RING samples: a step that was descheduled (a shared
+// machine) moves it less than it would move an average.
+enum { COST_RING = 9 };
+typedef struct {
+  double v[COST_RING];
+  int n;
+} ring;
+typedef struct {
+  ring plain, draft, row[LKS_MAX_DRAFTS + 1];
+} width_rings;
+
+static double ring_put(ring *r, double x) {
+  r->v[r->n++ % COST_RING] = x;
+  int m = r->n < COST_RING ? r->n : COST_RING;
+  double t[COST_RING];
+  memcpy(t, r->v, (size_t)m * sizeof *t);
+  for (int i = 1; i < m; i++)  // insertion sort of at most 9
+    for (int j = i; j > 0 && t[j - 1] > t[j]; j--) {
+      double y = t[j];
+      t[j] = t[j - 1];
+      t[j - 1] = y;
+    }
+  return m % 2 ? t[m / 2] : 0.5 * (t[m / 2 - 1] + t[m / 2]);
+}
 
 struct lks_policy {
   int k_max, n_widths;
   lks_policy_costs *c;  // [n_widths]; wider batches share the last
+  width_rings *r;       // [n_widths] the samples behind c
   int *n_plain, *n_draft, (*n_row)[LKS_MAX_DRAFTS + 1];  // samples per cost, [n_widths]
   int *since_probe, *last_k, *probe_k, *probe_left;      // [n_widths]
   int *probe_every, *probe_from;                          // [n_widths]; probe_from: K before it
@@ -129,6 +158,7 @@ lks_policy *lks_policy_new(int max_width, int k_max) {
   p->n_widths = max_width;
   size_t n = (size_t)max_width;
   p->c = calloc(n, sizeof *p->c);
+  p->r = calloc(n, sizeof *p->r);
   p->n_plain = calloc(n, sizeof *p->n_plain);
   p->n_draft = calloc(n, sizeof *p->n_draft);
   p->n_row = calloc(n, sizeof *p->n_row);
@@ -138,7 +168,7 @@ lks_policy *lks_policy_new(int max_width, int k_max) {
   p->probe_left = calloc(n, sizeof *p->probe_left);
   p->probe_every = calloc(n, sizeof *p->probe_every);
   p->probe_from = calloc(n, sizeof *p->probe_from);
-  if (!p->probe_every || !p->probe_from ||!p->c || !p->n_plain || !p->n_draft || !p->n_row || !p->since_probe || !p->last_k ||
+  if (!p->r || !p->probe_every || !p->probe_from ||!p->c || !p->n_plain || !p->n_draft || !p->n_row || !p->since_probe || !p->last_k ||
       !p->probe_k || !p->probe_left) {
     lks_policy_free(p);
     lks_set_error(LKS_ENOMEM, "policy: out of memory");
@@ -152,6 +182,7 @@ lks_policy *lks_policy_new(int max_width, int k_max) {
 void lks_policy_free(lks_policy *p) {
   if (!p) return;
   free(p->c);
+  free(p->r);
   free(p->n_plain);
   free(p->n_draft);
   free(p->n_row);
@@ -184,22 +215,21 @@ void lks_policy_observe(lks_policy *p, lks_policy_seq *s, int k, int accepted) {
   if (p) p->acc_seen = true;
 }
 
-static void avg(double *v, int *n, double x) {
-  *v = *n ? (1 - COST_W) * *v + COST_W * x : x;
-  (*n)++;
-}
 
 void lks_policy_record(lks_policy *p, int w, int K, int R, double t_propose, double t_step) {
   if (t_step <= 0) return;
   int wi = width_index(p, w);
   if (K == 0) {
-    avg(&p->c[wi].plain, &p->n_plain[wi], t_step);
+    p->c[wi].plain = ring_put(&p->r[wi].plain, t_step);
+    p->n_plain[wi]++;
     return;
   }
   if (K > p->k_max || R <= 0 || !p->n_plain[wi]) return;
-  avg(&p->c[wi].draft, &p->n_draft[wi], t_propose / K);
+  p->c[wi].draft = ring_put(&p->r[wi].draft, t_propose / K);
+  p->n_draft[wi]++;
   double verify = t_step - t_propose - p->c[wi].plain;
-  avg(&p->c[wi].row[K], &p->n_row[wi][K], verify > 0 ? verify / R : 0);
+  p->c[wi].row[K] = ring_put(&p->r[wi].row[K], verify > 0 ? verify / R : 0);
+  p->n_row[wi][K]++;
 }
 
 const lks_policy_costs *lks_policy_costs_at(const lks_policy *p, int w) {
@@ -249,8 +279,10 @@ int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, in
   lks_policy_costs c = p->c[wi];
   for (int K = 2; K <= cap; K++)
     if (!p->n_row[wi][K]) c.row[K] = c.row[K - 1];
-  lks_policy_choose(&c, n, (const float(*)[LKS_MAX_DRAFTS])acc, kcap, cap, k, scratch);
+  double best = lks_policy_choose(&c, n, (const float(*)[LKS_MAX_DRAFTS])acc, kcap, cap, k, scratch);
   free(acc);
+  if (best < (1 + POLICY_MARGIN) * n / c.plain)
+    for (int i = 0; i < n; i++) k[i] = 0;
   int K = 0;
   for (int i = 0; i < n; i++) K = k[i] > K ? k[i] : K;
   p->last_k[wi] = K;

@@ -143,7 +143,8 @@ void lks_policy_seq_init(const lks_policy *p, lks_policy_seq *s);
 // the ladder and the room left before --max-seq-len); returns the deepest. At a width not yet
 // measured, plain steps and then one-draft steps come first; the neighbours of the choice are
 // probed now and then; otherwise the argmax of lks_policy_choose (a deeper K not yet measured
-// costing, per row, what the one below it does). scratch: n ints.
+// costing, per row, what the one below it does), or plain decoding when that argmax beats it
+// by less than 3%. scratch: n ints.
 int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, int n, int *k,
                     int *scratch);
 // A verify of k drafts of sequence s accepted `accepted` of them (p may be NULL).
