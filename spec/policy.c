@@ -19,7 +19,7 @@
 // the one below it (it is tried when that says it pays), and the neighbours of the chosen K are
 // probed now and then so that the averages follow the machine: after 32 steps, then after twice
 // as many each time a probe leaves the choice as it was (up to 512), after 32 again when it
-// changes it.
+// changes it; after 512 while the costs say no K could pay even if every draft were accepted.
 // Nothing here changes tokens: the verify rule makes the output independent of K.
 #include <math.h>
 #include <stdlib.h>
@@ -70,6 +70,7 @@ struct lks_policy {
   int *n_plain, *n_draft, (*n_row)[LKS_MAX_DRAFTS + 1];  // samples per cost, [n_widths]
   int *since_probe, *last_k, *probe_k, *probe_left;      // [n_widths]
   int *probe_every, *probe_from;                          // [n_widths]; probe_from: K before it
+  bool *hopeless;  // [n_widths] no K pays even if every draft were accepted: probe rarely
   int probe_turn;
   double acc[LKS_MAX_DRAFTS];  // pooled acceptance per position, every sequence's observations
   bool acc_seen;
@@ -168,7 +169,8 @@ lks_policy *lks_policy_new(int max_width, int k_max) {
   p->probe_left = calloc(n, sizeof *p->probe_left);
   p->probe_every = calloc(n, sizeof *p->probe_every);
   p->probe_from = calloc(n, sizeof *p->probe_from);
-  if (!p->r || !p->probe_every || !p->probe_from ||!p->c || !p->n_plain || !p->n_draft || !p->n_row || !p->since_probe || !p->last_k ||
+  p->hopeless = calloc(n, sizeof *p->hopeless);
+  if (!p->r || !p->hopeless || !p->probe_every || !p->probe_from ||!p->c || !p->n_plain || !p->n_draft || !p->n_row || !p->since_probe || !p->last_k ||
       !p->probe_k || !p->probe_left) {
     lks_policy_free(p);
     lks_set_error(LKS_ENOMEM, "policy: out of memory");
@@ -192,6 +194,7 @@ void lks_policy_free(lks_policy *p) {
   free(p->probe_left);
   free(p->probe_every);
   free(p->probe_from);
+  free(p->hopeless);
   free(p);
 }
 
@@ -253,7 +256,8 @@ int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, in
   if (explore < 0 && p->probe_left[wi] > 0) {
     p->probe_left[wi]--;
     explore = p->probe_k[wi] <= cap ? p->probe_k[wi] : cap;
-  } else if (explore < 0 && ++p->since_probe[wi] >= p->probe_every[wi]) {
+  } else if (explore < 0 &&
+             ++p->since_probe[wi] >= (p->hopeless[wi] ? POLICY_PROBE_MOST : p->probe_every[wi])) {
     p->since_probe[wi] = 0;
     p->probe_from[wi] = p->last_k[wi];
     int last = p->last_k[wi], up = last + 1 <= cap ? last + 1 : -1, down = last - 1;
@@ -281,8 +285,17 @@ int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, in
     if (!p->n_row[wi][K]) c.row[K] = c.row[K - 1];
   double best = lks_policy_choose(&c, n, (const float(*)[LKS_MAX_DRAFTS])acc, kcap, cap, k, scratch);
   free(acc);
-  if (best < (1 + POLICY_MARGIN) * n / c.plain)
+  double plain = n / c.plain;
+  if (best < (1 + POLICY_MARGIN) * plain)
     for (int i = 0; i < n; i++) k[i] = 0;
+  // Hopeless: even with every draft accepted (E = 1 + K) no K would beat plain decoding; only
+  // the costs can change that, so the probes that follow them come at the longest interval.
+  double bound = 0;
+  for (int K = 1; K <= cap; K++) {
+    double r = n * (1.0 + K) / lks_policy_step_cost(&c, K, n * K);
+    bound = r > bound ? r : bound;
+  }
+  p->hopeless[wi] = bound < (1 + POLICY_MARGIN) * plain;
   int K = 0;
   for (int i = 0; i < n; i++) K = k[i] > K ? k[i] : K;
   p->last_k[wi] = K;

@@ -241,6 +241,21 @@ START_TEST(policy_explores_then_exploits) {
   for (int i = 0; i < 48; i++) plain += lks_policy_pick(p, seqs, kcap, 1, k, scratch) == 0;
   ck_assert_int_ge(plain, 44);  // at most the probes (two steps each) speculate
   lks_policy_free(p);
+  // Hopeless costs (a draft and a verify row together cost more than a plain step): no K
+  // pays even if every draft were accepted; the probes come every 512 steps.
+  p = lks_policy_new(1, LKS_MAX_DRAFTS);
+  lks_policy_seq_init(p, &a);
+  for (int j = 0; j < LKS_MAX_DRAFTS; j++) a.acc[j] = 1.0f;
+  seqs[0] = &a;
+  kcap[0] = 3;
+  int spec = 0;
+  for (int step = 0; step < 1000; step++) {
+    int K = lks_policy_pick(p, seqs, kcap, 1, k, scratch);
+    spec += K > 0;
+    lks_policy_record(p, 1, K, K, K * 0.005, 0.010 + K * 0.005 + K * 0.012);
+  }
+  ck_assert_int_le(spec, 1 + 2 * 2 + 2);  // exploration, then two probes of two steps (and slack)
+  lks_policy_free(p);
 }
 END_TEST
 
