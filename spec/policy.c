@@ -250,7 +250,7 @@ int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, in
   int explore = -1;
   if (p->n_plain[wi] < POLICY_SAMPLES) explore = 0;
   else if (cap >= 1 && p->n_row[wi][1] < 1) explore = 1;
-  // Probe: now and then the K next to the last choice, alternately below and above, for two
+  // Probe: now and then the K next to the last choice (above, below) or plain decoding, for two
   // steps (the first of a probe from plain decoding catches the drafter up, which is not a
   // step's cost: the scheduler does not record it).
   if (explore < 0 && p->probe_left[wi] > 0) {
@@ -260,9 +260,11 @@ int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, in
              ++p->since_probe[wi] >= (p->hopeless[wi] ? POLICY_PROBE_MOST : p->probe_every[wi])) {
     p->since_probe[wi] = 0;
     p->probe_from[wi] = p->last_k[wi];
+    // Above, below, then plain decoding (the baseline every choice is measured against).
     int last = p->last_k[wi], up = last + 1 <= cap ? last + 1 : -1, down = last - 1;
-    p->probe_turn ^= 1;
-    explore = p->probe_turn && up >= 0 ? up : down >= 0 ? down : up;
+    p->probe_turn = (p->probe_turn + 1) % 3;
+    explore = p->probe_turn == 0 && up >= 0 ? up : p->probe_turn == 1 && down >= 0 ? down : 0;
+    if (explore == last) explore = up >= 0 ? up : down;
     p->probe_k[wi] = explore;
     p->probe_left[wi] = explore >= 0 ? 1 : 0;
   }
