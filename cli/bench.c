@@ -140,29 +140,40 @@ static int bench_run(lks_world *w, const lks_sched_opts *o, const int32_t *tok, 
   return rc;
 }
 
-// Median times of n_dec tokens after the prompt without speculation and with proposer `spec`.
+// Decode tokens/s of a run's steps without prefill rows (plain and speculative together).
+static double decode_rate(const lks_spec_stats *st) {
+  double t = st->t_spec + st->t_plain;
+  return t > 0 ? (double)(st->tok_spec + st->tok_plain) / t : 0;
+}
+
+// Median times of n_dec tokens after the prompt without speculation and with proposer `spec`
+// (prefill included), and the medians of the decode rates and of their ratio, run by run.
+typedef struct {
+  double t_plain, t_spec, rate_plain, rate_spec, ratio;
+} spec_medians;
 static int bench_spec(lks_world *w, lks_sched_opts *so, const char *spec, const int32_t *tok,
-                      int n_pre, int n_dec, int reps, double *t_plain, double *t_spec,
-                      lks_spec_stats *sst) {
-  double *a = malloc((size_t)reps * sizeof *a), *b = malloc((size_t)reps * sizeof *b);
-  int rc = a && b ? 0 : lks_set_error(LKS_ENOMEM, "out of memory");
+                      int n_pre, int n_dec, int reps, spec_medians *md, lks_spec_stats *sst) {
+  double *v = malloc((size_t)reps * 5 * sizeof *v);
+  double *a = v, *b = v + reps, *rp = v + 2 * reps, *rs = v + 3 * reps, *ra = v + 4 * reps;
+  int rc = v ? 0 : lks_set_error(LKS_ENOMEM, "out of memory");
   for (int r = 0; rc == 0 && r < reps; r++) {
     bench_clock bc = {w, 0, 0, 0, 0, 0, 0};
+    lks_spec_stats pst;
     double t0 = lks_now();
     snprintf(so->spec, sizeof so->spec, "off");
-    rc = bench_run(w, so, tok, n_pre, n_dec, &bc, NULL);
+    rc = bench_run(w, so, tok, n_pre, n_dec, &bc, &pst);
     a[r] = lks_now() - t0;
     t0 = lks_now();
     snprintf(so->spec, sizeof so->spec, "%s", spec);
     if (rc == 0) rc = bench_run(w, so, tok, n_pre, n_dec, &bc, sst);
     b[r] = lks_now() - t0;
+    rp[r] = decode_rate(&pst);
+    rs[r] = rc == 0 ? decode_rate(sst) : 0;
+    ra[r] = rp[r] > 0 ? rs[r] / rp[r] : 0;
   }
-  if (rc == 0) {
-    *t_plain = median(a, reps);
-    *t_spec = median(b, reps);
-  }
-  free(a);
-  free(b);
+  if (rc == 0) *md = (spec_medians){median(a, reps), median(b, reps), median(rp, reps),
+                                    median(rs, reps), median(ra, reps)};
+  free(v);
   return rc;
 }
 
@@ -170,8 +181,9 @@ static int bench_spec(lks_world *w, lks_sched_opts *so, const char *spec, const 
 // cost next to a plain step's (the drafter's part and the verify's), the acceptance per
 // position, and from them the best speedup K can give, E[tokens per step] x plain step time /
 // speculative step time, with E = 1 + sum_j prod_{i<=j} alpha_i; then the speedup achieved.
+// *best_roof, *best_k: the best of them (1 and K = 0 when no K beats plain decoding).
 static int roofline(lks_world *w, lks_sched_opts *so, const char *spec, const int32_t *tok,
-                    int n_pre, int n_dec, int k_max) {
+                    int n_pre, int n_dec, int k_max, double *best_roof, int *best_k) {
   lks_spec_stats plain, sp;
   bench_clock bc = {w, 0, 0, 0, 0, 0, 0};
   bool gate = so->gate;
@@ -182,6 +194,8 @@ static int roofline(lks_world *w, lks_sched_opts *so, const char *spec, const in
   printf("speculation roofline (--spec %s, the gate off; plain step %.3f ms):\n", spec, t0 * 1e3);
   printf("  K  verify/plain  draft/plain  E[tokens/step]  roofline  achieved  fraction\n");
   int rc = 0;
+  *best_roof = 1;
+  *best_k = 0;
   for (int k = 1; k <= k_max && rc == 0 && t0 > 0; k++) {
     snprintf(so->spec, sizeof so->spec, "%s", spec);
     so->n_drafts = k;
@@ -197,8 +211,10 @@ static int roofline(lks_world *w, lks_sched_opts *so, const char *spec, const in
     double achieved = (sp.tok_spec / sp.t_spec) / (plain.tok_plain / plain.t_plain);
     printf("  %d  %12.2f  %11.3f  %14.3f  %8.2f  %8.2f  %8.2f\n", k, verify / t0, prop / k / t0, e,
            roof, achieved, achieved / roof);
+    if (roof > *best_roof) *best_roof = roof, *best_k = k;
   }
   so->gate = gate;
+  so->n_drafts = k_max;
   return rc;
 }
 
@@ -250,10 +266,10 @@ int lks_cmd_bench(lks_settings *s) {
   // Speculation: the same prompt and length with and without the proposer.
   const char *spec = lks_settings_str(s, "spec");
   lks_spec_stats sst = {0};
-  double t_plain_run = 0, t_spec_run = 0;
-  if (strcmp(spec, "off") != 0 &&
-      bench_spec(w, &so, spec, tok, n_pre, n_dec, reps, &t_plain_run, &t_spec_run, &sst) < 0)
+  spec_medians md = {0};
+  if (strcmp(spec, "off") != 0 && bench_spec(w, &so, spec, tok, n_pre, n_dec, reps, &md, &sst) < 0)
     goto fail;
+  double t_plain_run = md.t_plain, t_spec_run = md.t_spec;
   double rtt = heartbeat_rtt(w, 200);
   lks_model_stats st;
   lks_model_stats_get(w->model, &st);
@@ -277,8 +293,22 @@ int lks_cmd_bench(lks_settings *s) {
   printf("memory bandwidth (measured, %d threads): %.2f GB/s\n", threads, bw / 1e9);
   printf("achieved: %.2f GB/s = %.2f of measured bandwidth (per rank)\n", bytes_tok * dec_tps / 1e9,
          bw > 0 ? bytes_tok * dec_tps / bw : 0.0);
-  if (t_spec_run > 0 && roofline(w, &so, spec, tok, n_pre, n_dec, sst.k_max) < 0) goto fail;
+  double roof = 1;
+  int roof_k = 0;
+  if (t_spec_run > 0 && roofline(w, &so, spec, tok, n_pre, n_dec, sst.k_max, &roof, &roof_k) < 0)
+    goto fail;
   if (t_spec_run > 0) {
+    // The run under the levers given (the adaptive policy unless --spec-gate false) against the
+    // roofline's best K (plain decoding, x1, when no K pays).
+    uint64_t rows = 0;
+    for (int i = 0; i <= sst.k_max; i++) rows += sst.k_rows[i];
+    printf("%s: decode %.2f tokens/s vs %.2f plain (x%.3f, median of %d runs' ratios); roofline: "
+           "x%.3f at K=%d; achieved fraction %.3f; K per decode row:",
+           so.gate ? "policy" : "fixed K", md.rate_spec, md.rate_plain, md.ratio, reps, roof,
+           roof_k, md.ratio / roof);
+    for (int i = 0; i <= sst.k_max; i++)
+      printf(" %d: %.0f%%", i, rows ? 100.0 * (double)sst.k_rows[i] / (double)rows : 0.0);
+    printf("\n");
     printf("generate %d tokens after %d (prefill included), --spec %s -k %d: %.2f tokens/s vs %.2f "
            "without (x%.2f)\n",
            n_dec, n_pre, spec, sst.k_max, n_dec / t_spec_run, n_dec / t_plain_run,

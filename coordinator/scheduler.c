@@ -70,6 +70,9 @@ static int mem_new(lks__sched_mem *m, int n) {
   m->dreq = calloc(N, sizeof *m->dreq);
   m->drafts = calloc(N * LKS_MAX_DRAFTS, sizeof *m->drafts);
   m->n_d = calloc(N, sizeof *m->n_d);
+  m->kcap = calloc(N, sizeof *m->kcap);
+  m->kscratch = calloc(N, sizeof *m->kscratch);
+  m->pseq = calloc(N, sizeof *m->pseq);
   m->st = calloc(N, sizeof *m->st);
   m->seqs = calloc(N, sizeof *m->seqs);
   m->rows = calloc(N, sizeof *m->rows);
@@ -80,7 +83,8 @@ static int mem_new(lks__sched_mem *m, int n) {
   m->idx = calloc(N, sizeof *m->idx);
   m->ntmp = calloc(N, sizeof *m->ntmp);
   m->dtmp = calloc(N * LKS_MAX_DRAFTS, sizeof *m->dtmp);
-  bool ok = m->to_free && m->to_alloc && m->dseq && m->dreq && m->drafts && m->n_d && m->st &&
+  bool ok = m->to_free && m->to_alloc && m->dseq && m->dreq && m->drafts && m->n_d && m->kcap &&
+            m->kscratch && m->pseq && m->st &&
             m->seqs && m->rows && m->tok && m->c_slot && m->c_keep &&
             m->sub && m->idx && m->ntmp && m->dtmp;
   return ok ? 0 : lks_set_error(LKS_ENOMEM, "scheduler: out of memory for %d slots", n);
@@ -93,6 +97,9 @@ static void mem_free(lks__sched_mem *m) {
   free(m->dreq);
   free(m->drafts);
   free(m->n_d);
+  free(m->kcap);
+  free(m->kscratch);
+  free(m->pseq);
   free(m->st);
   free(m->seqs);
   free(m->rows);
@@ -142,10 +149,11 @@ lks_sched *lks_sched_new(lks_world *w, const lks_tokenizer *tok, const lks_sched
     lks_submitter sub = {submit_for_proposer, w};
     s->proposer = lks_proposer_new(o->spec, w->model, sub);
     if (!s->proposer) goto fail;
+    if (o->mtp_backlog > 0) s->proposer->backlog = o->mtp_backlog;
     s->now.speculation = true;
   }
   s->wanted = s->now;
-  lks_gate_init(&s->gate, o->gate);
+  if (s->proposer && o->gate && !(s->policy = lks_policy_new(s->n_slots, LKS_MAX_DRAFTS))) goto fail;
   s->st.spec.k_max = s->proposer ? o->n_drafts : 0;
   return s;
 fail:
@@ -164,6 +172,7 @@ void lks_sched_free(lks_sched *s) {
     lks__req_unref(r);
   }
   lks_proposer_free(s->proposer);
+  lks_policy_free(s->policy);
   mem_free(&s->m);
   free(s->slot);
   pthread_mutex_destroy(&s->mu);
@@ -207,6 +216,7 @@ static void slot_take(lks_sched *s, lks_req *r, int i) {
   r->n_hist = r->p.n_prompt;
   r->seq = (lks_spec_seq){i, r->hist, r->n_hist, NULL};
   if (s->proposer) r->seq.state = s->proposer->ops->alloc_state(s->proposer, i);
+  lks_policy_seq_init(s->policy, &r->pol);
   s->st.prompt_tokens += (uint64_t)r->p.n_prompt;
 }
 
@@ -318,12 +328,15 @@ static int announce(lks_sched *s, int n_free, int n_alloc, bool levers) {
   return lks_world_submit(s->w, &cmd, NULL);
 }
 
-// Propose: drafts for every sequence past its prefill, at the ladder's count for the batch width
-// (0 while the gate holds speculation off), for the sequences with room for them (the verify rows
-// L..L+k must fit in --max-seq-len); the sequences that draft nothing this step have the drafter
-// catch up instead. Returns the number of decode sequences (m->dreq); m->n_d[i] is each one's
-// draft count and m->drafts + i * LKS_MAX_DRAFTS its drafts.
-static int propose(lks_sched *s, int *k_out) {
+// Propose: drafts for every sequence past its prefill, as many as the policy picks for it (or,
+// without the policy, the ladder's count for the batch width), within the levers and the room
+// left (the verify rows L..L+k must fit in --max-seq-len); sequences that draft nothing keep
+// their drafter's backlog (lazy catch-up), caught up by the proposer only when it is full.
+// Drafting sequences are proposed together at the deepest count and each verifies its own first
+// k. Returns the number of decode sequences (m->dreq); m->n_d[i] is each one's draft count and
+// m->drafts + i * LKS_MAX_DRAFTS its drafts; *K_out the deepest count, *R_out their sum;
+// *caught_up whether a drafting sequence had plain steps to catch up (its cost is not a step's).
+static int propose(lks_sched *s, int *K_out, int *R_out, bool *caught_up) {
   lks__sched_mem *m = &s->m;
   lks_proposer *pr = s->proposer;
   int n_dec = 0;
@@ -334,33 +347,53 @@ static int propose(lks_sched *s, int *k_out) {
       r->seq.n_history = r->n_hist;
       m->n_d[n_dec] = 0;
       m->dseq[n_dec] = &r->seq;
+      m->pseq[n_dec] = &r->pol;
       m->dreq[n_dec++] = r;
     }
   }
-  int k = pr && s->now.speculation && n_dec && lks_gate_allows(&s->gate)
-              ? lks_ladder_k(&s->now.parsed, n_dec, s->now.n_drafts) : 0;
-  *k_out = k;
+  *K_out = *R_out = 0;
+  *caught_up = false;
   if (!pr || n_dec == 0) return n_dec;
+  int k_lim = s->now.speculation ? lks_ladder_k(&s->now.parsed, n_dec, s->now.n_drafts) : 0;
+  for (int i = 0; i < n_dec; i++) {
+    int room = s->o.max_len - 1 - m->dreq[i]->n_fed;
+    m->kcap[i] = room < 0 ? 0 : room < k_lim ? room : k_lim;
+  }
+  int K = 0;
+  if (s->o.force_k) {
+    for (int i = 0; i < n_dec; i++) {
+      int k = s->o.force_k(s->o.test_ctx, m->dreq[i]->slot, m->dreq[i]->n_generated);
+      m->n_d[i] = k < 0 ? 0 : k < m->kcap[i] ? k : m->kcap[i];
+      K = m->n_d[i] > K ? m->n_d[i] : K;
+    }
+  } else if (s->policy && k_lim > 0) {
+    K = lks_policy_pick(s->policy, m->pseq, m->kcap, n_dec, m->n_d, m->kscratch);
+  } else {
+    for (int i = 0; i < n_dec; i++) {
+      m->n_d[i] = m->kcap[i];
+      K = m->n_d[i] > K ? m->n_d[i] : K;
+    }
+  }
   int n_draft = 0, n_rest = 0;
-  for (int i = 0; i < n_dec; i++)
-    if (k > 0 && m->dreq[i]->n_fed + k < s->o.max_len) m->idx[n_draft++] = i;
+  for (int i = 0; i < n_dec; i++) {
+    if (m->n_d[i] > 0) m->idx[n_draft++] = i;
+    *caught_up |= m->n_d[i] > 0 && m->pseq[i]->waiting > 0;
+    m->pseq[i]->waiting = m->n_d[i] > 0 ? 0 : m->pseq[i]->waiting + 1;
+  }
   if (n_draft > 0) {
     for (int j = 0; j < n_draft; j++) m->sub[j] = m->dseq[m->idx[j]];
-    LKS_TRY(pr->ops->propose_batch(pr, m->sub, n_draft, k, m->dtmp, m->ntmp));
+    LKS_TRY(pr->ops->propose_batch(pr, m->sub, n_draft, K, m->dtmp, m->ntmp));
     for (int j = 0; j < n_draft; j++) {
-      m->n_d[m->idx[j]] = m->ntmp[j];
-      memcpy(m->drafts + (size_t)m->idx[j] * LKS_MAX_DRAFTS, m->dtmp + (size_t)j * k,
-             (size_t)m->ntmp[j] * sizeof *m->dtmp);
+      int i = m->idx[j], nd = m->ntmp[j] < m->n_d[i] ? m->ntmp[j] : m->n_d[i];
+      m->n_d[i] = nd;
+      *R_out += nd;
+      memcpy(m->drafts + (size_t)i * LKS_MAX_DRAFTS, m->dtmp + (size_t)j * K, (size_t)nd * sizeof *m->dtmp);
     }
   }
+  *K_out = K;
   if (!pr->ops->catchup) return n_dec;
-  for (int i = 0, j = 0; i < n_dec; i++) {
-    if (j < n_draft && m->idx[j] == i) {
-      j++;
-      continue;
-    }
-    m->sub[n_rest++] = m->dseq[i];
-  }
+  for (int i = 0; i < n_dec; i++)
+    if (m->n_d[i] == 0) m->sub[n_rest++] = m->dseq[i];
   if (n_rest) LKS_TRY(pr->ops->catchup(pr, m->sub, n_rest));
   return n_dec;
 }
@@ -404,6 +437,8 @@ static int forward(lks_sched *s, int n_dec, lks_engine_out *out, bool *any_prefi
       st->n_tokens = (size_t)nd + 1;
       st->want_all = nd > 0;
       st->want_last = nd == 0;
+      // A plain row keeps its hidden state for the drafter's next catch-up.
+      st->defer_mtp = nd == 0 && s->proposer && s->proposer->ops->needs_hidden;
       rp->nd = nd;
       rp->emits = true;
       any_verify |= nd > 0;
@@ -490,6 +525,7 @@ static int accept(lks_sched *s, int n, const lks_engine_out *out, bool logits) {
       continue;
     }
     const int32_t *d = m->st[i].tokens + 1;
+    if (s->o.on_drafts) s->o.on_drafts(s->o.test_ctx, r->slot, r->n_generated, d, rp->nd);
     int32_t bonus = -1;
     int a = verify(s, r, d, rp->nd, out, logits, o, &bonus);
     if (a < 0) return a;
@@ -501,6 +537,7 @@ static int accept(lks_sched *s, int n, const lks_engine_out *out, bool logits) {
     }
     s->st.spec.rounds++;
     pthread_mutex_unlock(&s->mu);
+    lks_policy_observe(s->policy, &r->pol, rp->nd, a);
     m->c_slot[n_commit] = (uint32_t)r->slot;
     m->c_keep[n_commit++] = (uint32_t)(L + a + 1);
     LKS_TRY(pr->ops->after_verify(pr, &r->seq, L, d, a, bonus));
@@ -550,10 +587,11 @@ static void gauges(lks_sched *s) {
   lks_engine_prefix_stats(s->w->engine, &s->st.prefix);
 }
 
-// The step's figures: metrics, the gate and the speculation rates (plain or speculative steps
-// without prefill rows, which would blur the rates).
+// The step's figures: metrics, the policy's costs and the speculation rates (plain or
+// speculative steps without prefill rows, which would blur them). K, R: the deepest draft count
+// and the draft rows of the step.
 static void account(lks_sched *s, int n_dec, bool prefill, bool speculated, int produced,
-                    double dt, double t_propose) {
+                    double dt, double t_propose, int K, int R, bool caught_up) {
   pthread_mutex_lock(&s->mu);
   lks__sched_hist_add(&s->st.step, dt);
   s->st.steps++;
@@ -570,17 +608,20 @@ static void account(lks_sched *s, int n_dec, bool prefill, bool speculated, int 
       sp->t_plain += dt;
       sp->tok_plain += (uint64_t)produced;
     }
+    for (int i = 0; i < n_dec; i++) sp->k_rows[s->m.n_d[i]]++;
   }
   pthread_mutex_unlock(&s->mu);
-  if (!prefill && n_dec > 0) lks_gate_record(&s->gate, speculated, produced, dt);
+  if (!prefill && n_dec > 0 && s->policy && !caught_up)
+    lks_policy_record(s->policy, n_dec, K, R, t_propose, dt);
 }
 
 int lks_sched_step(lks_sched *s) {
-  int n_free, n_alloc, k;
+  int n_free, n_alloc, K, R;
+  bool caught_up;
   bool levers = admit(s, &n_free, &n_alloc);
   LKS_TRY(announce(s, n_free, n_alloc, levers));
   double t0 = lks_clock();
-  int n_dec = propose(s, &k);
+  int n_dec = propose(s, &K, &R, &caught_up);
   if (n_dec < 0) return n_dec;
   double t_propose = lks_clock() - t0;
   lks_engine_out out;
@@ -595,7 +636,7 @@ int lks_sched_step(lks_sched *s) {
   }
   LKS_TRY(accept(s, n, &out, logits));
   int produced = emit(s, n, &speculated);
-  account(s, n_dec, prefill, speculated, produced, lks_clock() - t0, t_propose);
+  account(s, n_dec, prefill, speculated, produced, lks_clock() - t0, t_propose, K, R, caught_up);
   return 1;
 }
 

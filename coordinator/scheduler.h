@@ -6,8 +6,8 @@
 // to the world; lks_req is shared (reference-counted) between the submitting side and it. Each
 // step mixes prefill chunks of new sequences (up to a token budget) with one decode row of every
 // running sequence, or its verify rows [last token, drafts...] when it speculates, in one forward
-// command that every rank runs; drafts, acceptance, the ladder, the gate, the levers and the
-// statistics exist here once.
+// command that every rank runs; drafts, acceptance, the ladder, the policy (K per sequence),
+// the levers and the statistics exist here once.
 //
 // A bounded queue stands in front of the slots: submitting to a full queue fails with LKS_EFULL
 // (HTTP 429), to a draining or failed scheduler with LKS_EBACKEND (HTTP 503). A request whose
@@ -62,11 +62,19 @@ typedef struct lks_sched_opts {
   int max_len;       // positions a sequence may hold
   double drain_grace;  // seconds a drain waits for running requests
   // Speculation: the proposer ("off", "mtp", "ngram"), the most drafts per sequence and step,
-  // the ladder of drafts by batch width ("" for none), and the gate.
+  // the ladder of drafts by batch width ("" for none), and the adaptive policy (the gate).
   char spec[16];
   int n_drafts;
   char ladder[LKS_LADDER_TEXT];
-  bool gate;
+  bool gate;  // the adaptive policy picks K per sequence (else the ladder's K for all)
+  // Tests: K for a sequence at its n_generated-th token, within the levers and the room left,
+  // instead of the policy's or the ladder's (NULL: none); the drafts of every verify; the MTP
+  // drafter's backlog limit (lks_proposer.backlog; 0: the default, 1: catch up at every plain
+  // step).
+  int (*force_k)(void *ctx, int slot, int n_generated);
+  void (*on_drafts)(void *ctx, int slot, int n_generated, const int32_t *drafts, int nd);
+  void *test_ctx;
+  int mtp_backlog;
 } lks_sched_opts;
 
 // The options from the settings table (--max-queue, --prefill-chunk, --max-seq-len,

@@ -48,6 +48,7 @@ struct lks_req {
   int32_t *hist;  // prompt + generated, for the proposer
   int n_hist, cap_hist;
   lks_spec_seq seq;  // the proposer's view of this sequence
+  lks_policy_seq pol;  // its running acceptance, for the policy
   lks_detok *detok;
   double t_submit, t_last;
   lks_req *next;
@@ -78,6 +79,8 @@ typedef struct lks__sched_mem {
   lks_req **dreq;                 // [n_slots]
   int32_t *drafts;                // [n_slots * LKS_MAX_DRAFTS]
   int *n_d;                       // [n_slots] drafts per decode sequence
+  int *kcap, *kscratch;           // [n_slots] the most each may draft; the policy's scratch
+  lks_policy_seq **pseq;          // [n_slots] the decode sequences' acceptance
   Lockstep__SlotTokens *st;       // [n_slots] the forward's sequences
   Lockstep__SlotTokens **seqs;    // [n_slots]
   lks__sched_row *rows;           // [n_slots]
@@ -109,7 +112,7 @@ struct lks_sched {
   bool clear_now;      // ... this step (scheduler thread)
   lks_sched_stats st;
   lks_proposer *proposer;  // NULL when speculation is off
-  lks_gate gate;
+  lks_policy *policy;      // the adaptive K (--spec-gate); NULL: the ladder's K for everyone
   lks__sched_mem m;
 };
 

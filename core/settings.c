@@ -38,7 +38,7 @@ static const lks_setting_def defs[] = {
     {"ladder", 0, LKS_SET_STR, 0, 0, "", true,
      "drafts by batch width, e.g. 4:3,8:3,16:1,32:1 (empty: --num-drafts at any width)"},
     {"spec-gate", 0, LKS_SET_BOOL, 0, 0, "true", true,
-     "turn speculation off for a sequence while plain decoding is faster"},
+     "pick K per sequence (0: plain) from measured step costs and acceptance (false: the ladder's K)"},
     {"bind", 0, LKS_SET_STR, 0, 0, "127.0.0.1", false, "serve: the IPv4 address to listen on"},
     {"port", 0, LKS_SET_INT, 1, 65535, "8080", false, "serve: the HTTP port"},
     {"api-key", 0, LKS_SET_STR, 0, 0, NULL, false, "serve: a bearer key /v1 requires (unset: none)"},

@@ -11,10 +11,14 @@
 
 #include "proto/lockstep.pb-c.h"
 
-#define LKS_PROTOCOL_VERSION 2
+#define LKS_PROTOCOL_VERSION 3
 
 // The most drafts one propose or verify may carry (a protocol limit every rank agrees on).
 #define LKS_MAX_DRAFTS 16
+// The most target hidden rows a slot keeps for its MTP drafter: the rows of a verify, and those
+// of the plain steps whose catch-up waits (SlotTokens.defer_mtp). Kept rows take hidden_size
+// floats each, grown on demand (16 MB per slot at the limit for GLM-4.5-Air's 4096).
+#define LKS_MTP_BACKLOG 1024
 
 // Packs cmd into a malloc'd buffer (*buf, *len; the caller frees). 0 or LKS_ENOMEM.
 int lks_cmd_encode(const Lockstep__Command *cmd, uint8_t **buf, size_t *len);

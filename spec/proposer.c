@@ -3,7 +3,12 @@
 // - mtp: the checkpoint's MTP layer, sharded like the target, so every propose is a collective
 //   forward on every rank, announced with EP_CMD_MTP_PROPOSE. Its state on rank 0 is the list of
 //   tokens whose pairs with kept target hidden states the drafter still lacks (the accepted
-//   drafts and the bonus of the last verify), and the position of the first.
+//   drafts and the bonus of the last verify, then the token of every plain step since: the
+//   backlog), and the position of the first. Every rank keeps the same hidden rows (one per
+//   pending token: the engine appends a plain step's row when its forward says defer_mtp), so
+//   the backlog is paired in one batched MTP forward at the next propose, or by catchup when it
+//   is full. Batched or one at a time, the drafter's KV rows are the same (the kernels are
+//   batch-invariant).
 // - ngram: prompt lookup on rank 0 alone: the longest recent suffix (3, 2, then 1 tokens) found
 //   earlier in the sequence proposes the tokens that followed it.
 #include <stdlib.h>
@@ -16,7 +21,7 @@
 
 typedef struct {
   int slot;
-  int32_t pending[LKS_MAX_DRAFTS + 1];
+  int32_t pending[LKS_MTP_BACKLOG];
   int n_pending, start;
 } mtp_state;
 
@@ -97,20 +102,29 @@ static int mtp_after_verify(lks_proposer *p, lks_spec_seq *s, int pos, const int
   return 0;
 }
 
+// The plain step's row at pos was kept (defer_mtp): its token joins the backlog.
 static int mtp_after_decode(lks_proposer *p, lks_spec_seq *s, int pos, int32_t next) {
   (void)p;
   mtp_state *m = s->state;
-  m->pending[0] = next;
-  m->n_pending = 1;
-  m->start = pos;
+  if (m->n_pending == 0) m->start = pos;
+  if (m->start + m->n_pending != pos || m->n_pending == LKS_MTP_BACKLOG)
+    return lks_set_error(LKS_EINVAL, "mtp: slot %d: a plain step at %d after %d waiting at %d",
+                         m->slot, pos, m->n_pending, m->start);
+  m->pending[m->n_pending++] = next;
   return 0;
+}
+
+// Whether the sequence's next plain step may keep one more row: else catch up first.
+static bool mtp_full(const lks_proposer *p, const mtp_state *m) {
+  int limit = p->backlog < 1 ? 1 : p->backlog > LKS_MTP_BACKLOG ? LKS_MTP_BACKLOG : p->backlog;
+  return m->n_pending >= limit;
 }
 
 static int mtp_catchup(lks_proposer *p, lks_spec_seq **s, int n) {
   lks_spec_seq *batch[64];
   int k = 0;
   for (int i = 0; i < n; i++)
-    if (((mtp_state *)s[i]->state)->n_pending > 0) {
+    if (mtp_full(p, s[i]->state)) {
       if (k == 64) {
         LKS_TRY(mtp_submit(p, batch, k, 0, NULL));
         k = 0;
@@ -210,6 +224,7 @@ lks_proposer *lks_proposer_new(const char *name, const lks_model *m, lks_submitt
   if (!p) return NULL;
   p->ops = ops;
   p->sub = sub;
+  p->backlog = LKS_MTP_BACKLOG;
   return p;
 }
 

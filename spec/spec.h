@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Speculative decoding on rank 0 (DESIGN.md section 7): proposers behind one interface, lossless
-// verification, the draft-count ladder, the gate, and acceptance statistics. What runs on every
-// rank (the target's verify, the MTP drafter's forwards, KV rollback) is the engine's, announced
+// verification, the draft-count ladder, the adaptive policy (K per sequence), and acceptance
+// statistics. What runs on every rank (the target's verify, the MTP drafter's forwards, KV rollback) is the engine's, announced
 // with commands (EP_CMD_MTP_PROPOSE, EP_CMD_VERIFY, EP_CMD_COMMIT); this module decides what to
 // announce. The decoding loop that uses it is the scheduler's (coordinator/scheduler.c), the one
 // loop behind serve, generate and bench.
@@ -54,8 +54,9 @@ typedef struct lks_proposer_ops {
   // drafts and produced `bonus`.
   int (*after_verify)(lks_proposer *p, lks_spec_seq *s, int pos, const int32_t *drafts,
                       int accepted, int32_t bonus);
-  // After a plain decode step at `pos` that produced `next`; catchup brings the drafter's cache
-  // up to date before the next plain step (NULL when there is nothing to catch up).
+  // After a plain decode step at `pos` that produced `next`. catchup, before a step in which the
+  // n sequences draft nothing: brings the drafter up to date where it must (mtp: the sequences
+  // whose backlog is full; NULL when there is nothing to catch up).
   int (*after_decode)(lks_proposer *p, lks_spec_seq *s, int pos, int32_t next);
   int (*catchup)(lks_proposer *p, lks_spec_seq **s, int n);
 } lks_proposer_ops;
@@ -63,6 +64,11 @@ typedef struct lks_proposer_ops {
 struct lks_proposer {
   const lks_proposer_ops *ops;
   lks_submitter sub;
+  // mtp: a sequence that drafts nothing keeps the target's hidden states of its plain steps on
+  // every rank (up to LKS_MTP_BACKLOG of them) instead of running the drafter at each one; the
+  // drafter catches up over them in one batched forward when the sequence drafts again, or when
+  // `backlog` positions wait (1: catch up after every plain step).
+  int backlog;
 };
 
 // "mtp" or "ngram"; NULL with an error for anything else (or "mtp" on a model without one).
@@ -82,7 +88,7 @@ int lks_spec_accept_greedy(const int32_t *drafts, int k, const int32_t *target, 
 int lks_spec_accept_sample(const float *p, const float *q, int V, int32_t d, lks_rng *rng,
                            int32_t *tok);
 
-// ---- the ladder and the gate ----
+// ---- the ladder ----
 
 enum { LKS_LADDER_MAX = 16, LKS_LADDER_TEXT = 256 };
 typedef struct lks_ladder {
@@ -96,19 +102,58 @@ int lks_ladder_parse(const char *text, lks_ladder *l);
 // Drafts for a batch of `width` sequences, at most k_max.
 int lks_ladder_k(const lks_ladder *l, int width, int k_max);
 
-// The gate: measured tokens/s of speculative steps and of plain steps (exponential averages);
-// speculation stops for a while when plain steps are faster, then is probed again. Neither
-// choice changes the output.
-typedef struct lks_gate {
-  bool on;
-  double rate_spec, rate_plain;
-  int plain_left, since_probe;
-} lks_gate;
-void lks_gate_init(lks_gate *g, bool on);
-// Whether the next step may speculate.
-bool lks_gate_allows(const lks_gate *g);
-// A step that speculated (or not) produced `tokens` in `seconds`.
-void lks_gate_record(lks_gate *g, bool speculated, double tokens, double seconds);
+// ---- the adaptive policy (policy.c): K per sequence ----
+
+// One batch width's step costs in seconds, as measured (0: not yet): a plain step, one chained
+// draft step of the drafter, and one extra verify row in a step whose deepest verify has K
+// drafts (row[K]; row[0] unused). A step of w sequences drafting k_i, K = max k_i, R = sum k_i,
+// costs plain + K * draft + R * row[K] (plain alone when K = 0).
+typedef struct lks_policy_costs {
+  double plain, draft;
+  double row[LKS_MAX_DRAFTS + 1];
+} lks_policy_costs;
+
+// A sequence's running acceptance per draft position (each given the ones before it accepted),
+// exponentially weighted; it starts from the pooled acceptance of every sequence so far.
+typedef struct lks_policy_seq {
+  float acc[LKS_MAX_DRAFTS];
+  uint64_t rounds;
+  int waiting;  // plain steps since it last drafted (the positions its drafter has to catch up)
+} lks_policy_seq;
+
+typedef struct lks_policy lks_policy;
+
+// E[tokens] of one step that drafts k: 1 + sum_{j<=k} prod_{i<=j} acc[i-1].
+double lks_policy_expected(const float *acc, int k);
+// The modelled time of a step with deepest draft count K and R draft rows in all.
+double lks_policy_step_cost(const lks_policy_costs *c, int K, int R);
+// The draft counts k[0..n) (k[i] <= kcap[i], <= k_max) maximising the expected tokens of the n
+// sequences per unit of modelled time; returns that rate (tokens/s). Pure: the same inputs give
+// the same k. scratch: n ints. Every cost up to k_max must be measured (> 0 plain).
+double lks_policy_choose(const lks_policy_costs *c, int n, const float (*acc)[LKS_MAX_DRAFTS],
+                         const int *kcap, int k_max, int *k, int *scratch);
+
+// The measured state: costs per batch width up to max_width (wider batches share the last), the
+// pooled acceptance. NULL with an error when out of memory. Rank 0's scheduler thread only.
+lks_policy *lks_policy_new(int max_width, int k_max);
+void lks_policy_free(lks_policy *p);
+// A new sequence's acceptance (p may be NULL: the prior alone).
+void lks_policy_seq_init(const lks_policy *p, lks_policy_seq *s);
+// K for each of the n sequences of a step (kcap[i]: the most sequence i may draft: the levers,
+// the ladder and the room left before --max-seq-len); returns the deepest. At a width not yet
+// measured, plain steps and then one-draft steps come first; the neighbours of the choice are
+// probed now and then; otherwise the argmax of lks_policy_choose (a deeper K not yet measured
+// costing, per row, what the one below it does), or plain decoding when that argmax beats it
+// by less than 3%. scratch: n ints.
+int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, int n, int *k,
+                    int *scratch);
+// A verify of k drafts of sequence s accepted `accepted` of them (p may be NULL).
+void lks_policy_observe(lks_policy *p, lks_policy_seq *s, int k, int accepted);
+// A decode step of w sequences (no prefill rows) with deepest draft count K and R draft rows
+// took t_step seconds, t_propose of them in the drafter (catch-up included).
+void lks_policy_record(lks_policy *p, int w, int K, int R, double t_propose, double t_step);
+// The costs the policy holds for width w (for tests and reports).
+const lks_policy_costs *lks_policy_costs_at(const lks_policy *p, int w);
 
 // ---- statistics ----
 
@@ -120,6 +165,7 @@ typedef struct lks_spec_stats {
   uint64_t tok_spec, tok_plain;  // tokens they produced
   uint64_t spec_steps;           // steps that speculated
   double t_propose;              // seconds of those in proposing (the drafter)
+  uint64_t k_rows[LKS_MAX_DRAFTS + 1];  // decode rows by their draft count (0: plain)
 } lks_spec_stats;
 
 void lks_spec_stats_print(const lks_spec_stats *st, const char *proposer);

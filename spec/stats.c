@@ -1,38 +1,9 @@
 // SPDX-License-Identifier: MIT
-// The gate and the acceptance statistics (see spec.h).
+// The acceptance statistics (see spec.h).
 #include <stdio.h>
 
 #include "core/log.h"
 #include "spec/spec.h"
-
-// Plain steps measured first, how many speculative steps between looks at the rates, and how
-// many plain steps follow a look that found speculation slower.
-enum { GATE_FIRST_PLAIN = 2, GATE_PROBE_EVERY = 4, GATE_PLAIN_FOR = 16 };
-
-void lks_gate_init(lks_gate *g, bool on) {
-  *g = (lks_gate){0};
-  g->on = on;
-  g->plain_left = on ? GATE_FIRST_PLAIN : 0;
-}
-
-bool lks_gate_allows(const lks_gate *g) { return !g->on || g->plain_left == 0; }
-
-void lks_gate_record(lks_gate *g, bool speculated, double tokens, double seconds) {
-  if (seconds <= 0 || tokens <= 0) return;
-  double rate = tokens / seconds;
-  if (!speculated) {
-    g->rate_plain = g->rate_plain ? 0.8 * g->rate_plain + 0.2 * rate : rate;
-    if (g->plain_left > 0) g->plain_left--;
-    return;
-  }
-  g->rate_spec = g->rate_spec ? 0.8 * g->rate_spec + 0.2 * rate : rate;
-  // While plain steps are faster, decode plainly for a while, then look again.
-  if (g->on && g->rate_plain > 0 && ++g->since_probe >= GATE_PROBE_EVERY &&
-      g->rate_spec < g->rate_plain) {
-    g->plain_left = GATE_PLAIN_FOR;
-    g->since_probe = 0;
-  }
-}
 
 void lks_spec_stats_print(const lks_spec_stats *st, const char *proposer) {
 

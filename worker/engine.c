@@ -10,10 +10,13 @@
 
 enum { MAX_DRAFTS = LKS_MAX_DRAFTS };
 
-// A slot's drafter state: the target hidden states its MTP cache still lacks (kept from the
-// last forward with mtp set), and the drafts of its last propose (checked against the verify).
+// A slot's drafter state: the target hidden states its MTP cache still lacks (the rows of the
+// last verify, or the last prefill chunk's last row, then the rows of the deferred plain steps
+// since: the lazy catch-up's backlog), and the drafts of its last propose (checked against the
+// verify).
 typedef struct {
-  lks_buf *hid;           // [MAX_DRAFTS + 1, H]
+  lks_buf *hid;           // [hid_cap, H], grown on demand up to LKS_MTP_BACKLOG rows
+  int hid_cap;
   int hid_rows, hid_pos;  // rows kept, position of the first
   int32_t drafts[MAX_DRAFTS];
   int n_drafts, draft_pos;  // position of the verify row that carries the first draft
@@ -65,7 +68,8 @@ lks_engine *lks_engine_new(lks_model *m, int max_slots, int max_seq_len, int blo
     e->drafts = calloc((size_t)max_slots * MAX_DRAFTS, sizeof *e->drafts);
     if (!e->mkv || !e->spec || !e->drafts) goto fail;
     for (int i = 0; i < max_slots; i++) {
-      e->spec[i].hid = be->ops->buf_alloc(be, (MAX_DRAFTS + 1) * H * sizeof(float));
+      e->spec[i].hid_cap = 4 * (MAX_DRAFTS + 1);
+      e->spec[i].hid = be->ops->buf_alloc(be, (size_t)e->spec[i].hid_cap * H * sizeof(float));
       if (!e->spec[i].hid) goto fail;
     }
   }
@@ -188,6 +192,17 @@ static int check_forward(const lks_engine *e, const Lockstep__Forward *f) {
       if (s->tokens[t] < 0 || s->tokens[t] >= vocab)
         return lks_set_error(LKS_ERANGE, "slot %u: token id %d outside the vocabulary [0, %d)",
                              s->slot, s->tokens[t], vocab);
+    if (!s->defer_mtp) continue;
+    // A deferred plain step's row joins the slot's kept rows, which must end right before it.
+    if (!f->mtp || !e->mkv || s->n_tokens != 1 || s->want_all)
+      return lks_set_error(LKS_EINVAL, "slot %u: defer_mtp on a run that is not one plain token "
+                           "of a forward for the drafter", s->slot);
+    const spec_slot *sp = &e->spec[s->slot];
+    if (sp->hid_rows > 0 && (sp->hid_pos + sp->hid_rows != (int)s->start_pos ||
+                             sp->hid_rows >= LKS_MTP_BACKLOG))
+      return lks_set_error(LKS_EINVAL,
+                           "slot %u: a deferred row at %u after %d kept rows at %d (at most %d)",
+                           s->slot, s->start_pos, sp->hid_rows, sp->hid_pos, LKS_MTP_BACKLOG);
   }
   if (f->output != LOCKSTEP__OUTPUT_MODE__OUT_NONE && f->output != LOCKSTEP__OUTPUT_MODE__OUT_GREEDY &&
       f->output != LOCKSTEP__OUTPUT_MODE__OUT_LOGITS)
@@ -401,6 +416,28 @@ static lks_tensor hid_view(const lks_engine *e, int slot, int rows) {
   return lks_tensor_2d(e->spec[slot].hid, 0, LKS_F32, rows, H);
 }
 
+static int copy_rows(lks_engine *e, lks_tensor dst, int d0, lks_tensor src, int r0, int n);
+
+// Doubles a slot's kept hidden rows (up to LKS_MTP_BACKLOG), keeping those it holds.
+static int grow_hid(lks_engine *e, int slot) {
+  spec_slot *sp = &e->spec[slot];
+  lks_backend *be = lks_model_backend(e->m);
+  int H = lks_model_config(e->m)->hidden, cap = 2 * sp->hid_cap;
+  if (cap > LKS_MTP_BACKLOG) cap = LKS_MTP_BACKLOG;
+  lks_buf *b = be->ops->buf_alloc(be, (size_t)cap * H * sizeof(float));
+  if (!b) return lks_set_error(LKS_ENOMEM, "slot %d: %d hidden rows for the drafter", slot, cap);
+  int rc = copy_rows(e, lks_tensor_2d(b, 0, LKS_F32, cap, H), 0, hid_view(e, slot, sp->hid_rows), 0,
+                     sp->hid_rows);
+  if (rc < 0) {
+    be->ops->buf_free(be, b);
+    return rc;
+  }
+  be->ops->buf_free(be, sp->hid);
+  sp->hid = b;
+  sp->hid_cap = cap;
+  return 0;
+}
+
 static lks_tensor stage_view(const lks_engine *e, int r0, int n) {
   int H = lks_model_config(e->m)->hidden;
   return lks_tensor_rows(lks_tensor_2d(e->stage, 0, LKS_F32, e->cap_stage, H), r0, n);
@@ -435,7 +472,13 @@ static int mtp_after_forward(lks_engine *e, const Lockstep__Forward *f, lks_tens
     const Lockstep__SlotTokens *s = f->seqs[i];
     spec_slot *sp = &e->spec[s->slot];
     int start = (int)s->start_pos, cnt = (int)s->n_tokens;
-    if (!s->want_all) {
+    if (s->defer_mtp) {
+      // The lazy catch-up: keep the row; the drafter pairs it with the next token later.
+      if (sp->hid_rows == 0) sp->hid_pos = start;
+      if (sp->hid_rows == sp->hid_cap) LKS_TRY(grow_hid(e, (int)s->slot));
+      LKS_TRY(copy_rows(e, hid_view(e, s->slot, sp->hid_rows + 1), sp->hid_rows, hidden, (int)r0, 1));
+      sp->hid_rows++;
+    } else if (!s->want_all) {
       int first = n;
       // The kept row of the previous chunk pairs with this chunk's first token.
       if (sp->hid_rows == 1 && sp->hid_pos == start - 1) {
@@ -625,8 +668,15 @@ int lks_engine_exec(lks_engine *e, const Lockstep__Command *cmd, lks_engine_out 
               cmd->levers->ladder ? cmd->levers->ladder : "");
       return 0;
     case LOCKSTEP__CMD_TYPE__EP_CMD_COMMIT:
-      for (size_t i = 0; i < cmd->commit->n_slots; i++)
-        LKS_TRY(lks_kv_seq_resize(e->kv, (int)cmd->commit->slots[i], (int)cmd->commit->keep_len[i]));
+      for (size_t i = 0; i < cmd->commit->n_slots; i++) {
+        int slot = (int)cmd->commit->slots[i], keep = (int)cmd->commit->keep_len[i];
+        LKS_TRY(lks_kv_seq_resize(e->kv, slot, keep));
+        // The drafter keeps the hidden rows of the kept positions only: a deferred plain step
+        // after this verify appends right after them.
+        spec_slot *sp = e->spec ? &e->spec[slot] : NULL;
+        if (sp && sp->hid_rows > 0 && sp->hid_pos + sp->hid_rows > keep)
+          sp->hid_rows = keep > sp->hid_pos ? keep - sp->hid_pos : 0;
+      }
       return 0;
     default:
       return 0;

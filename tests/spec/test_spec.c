@@ -6,7 +6,10 @@
 // Every run goes through the scheduler, the decoding loop that `serve`, `generate` and `bench`
 // run. For every prompt (one per line, comma-separated ids): greedy decoding without speculation,
 // with the MTP drafter for K = 1, 2, 3, 4, and with n-gram lookup (K = 3), the gate off so that
-// every round speculates. The tokens of every mode must equal those without speculation. The
+// every round speculates, then with the adaptive policy and with forced plain stretches (the
+// drafter's lazy catch-up), greedy and sampling. The tokens of every mode must equal those
+// without speculation. The lazy catch-up leaves the drafts and the drafter's KV rows exactly
+// those of a drafter that catches up at every plain step (catchup_test). The
 // per-position proposed/accepted counts of each prompt and K go to OUT.json, for comparison with
 // the independent reference (tests/reference/spec_ref.py) and between world sizes. With
 // LEAK_SEQS, that many sequences are then allocated, decoded speculatively and freed, and every
@@ -45,13 +48,37 @@ static int clear_cache(lks_world *w) {
 
 static float temperature;  // 0: greedy; else sampling, seed 7, top-p 0.9
 
+// The adaptive policy on (the gate); K forced by a pattern instead; the drafter's backlog limit
+// (0: the default); every verify's drafts recorded into `log` (when set).
+static bool policy;
+static int (*force)(void *ctx, int slot, int n_generated);
+static int backlog;
+typedef struct {
+  int32_t tok[4096];
+  int n;
+} draft_log;
+static draft_log *log_to;
+
+static void log_drafts(void *ctx, int slot, int n_generated, const int32_t *d, int nd) {
+  (void)ctx, (void)slot;
+  if (!log_to) return;
+  // Position marker, then the drafts.
+  if (log_to->n + nd + 2 <= (int)(sizeof log_to->tok / sizeof *log_to->tok)) {
+    log_to->tok[log_to->n++] = -1 - n_generated;
+    for (int j = 0; j < nd; j++) log_to->tok[log_to->n++] = d[j];
+  }
+}
+
 static int run(lks_world *w, const char *spec, int k, const int32_t *prompt, int n, int n_gen,
                sink *out, lks_spec_stats *st) {
   lks_sched_opts o;
   lks_sched_opts_from(w->settings, &o);
   snprintf(o.spec, sizeof o.spec, "%s", spec);
   o.n_drafts = k;
-  o.gate = false;
+  o.gate = policy;
+  o.force_k = force;
+  o.on_drafts = log_drafts;
+  o.mtp_backlog = backlog;
   lks_sched *sched = lks_sched_new(w, NULL, &o);
   if (!sched) return -1;
   lks_req_params p = {0};
@@ -76,6 +103,13 @@ static int run(lks_world *w, const char *spec, int k, const int32_t *prompt, int
 
 static bool same(const sink *a, const sink *b) {
   return a->n == b->n && !memcmp(a->tok, b->tok, (size_t)a->n * sizeof *a->tok);
+}
+
+// Plain stretches of several steps between rounds of 1..3 drafts.
+static int stretches(void *ctx, int slot, int n_generated) {
+  (void)ctx, (void)slot;
+  int phase = n_generated % 23;
+  return phase < 9 ? 0 : 1 + phase % 3;
 }
 
 // One prompt: plain, mtp K = 1..4 and ngram greedy (the counts to out), then sampling with and
@@ -118,6 +152,120 @@ static int check_prompt(lks_world *w, const char *line, const int32_t *prompt, i
     }
   }
   temperature = 0;
+  if (rc < 0) return rc;
+  // The adaptive policy (K per sequence from measured costs and acceptance, lazy catch-up), and
+  // a forced pattern of plain stretches and drafts: tokens equal decoding without speculation,
+  // greedy and sampling.
+  for (int t = 0; rc == 0 && t < 2; t++) {
+    temperature = t ? 0.8f : 0.0f;
+    rc = run(w, "off", 0, prompt, n, n_gen, base, &st);
+    for (int mode = 0; rc == 0 && mode < 2; mode++) {
+      policy = mode == 0;
+      force = mode == 1 ? stretches : NULL;
+      rc = run(w, "mtp", 3, prompt, n, n_gen, got, &st);
+      policy = false;
+      force = NULL;
+      if (rc == 0 && !same(got, base)) {
+        printf("FAIL: prompt %d, %s, mtp %s: tokens differ from decoding without speculation\n",
+               index, t ? "sampling" : "greedy", mode ? "plain stretches" : "with the policy");
+        failures++;
+      }
+    }
+  }
+  temperature = 0;
+  return rc;
+}
+
+// The lazy catch-up: with plain stretches (up to 76 steps) between drafting rounds, the drafts
+// of every verify, the tokens and the drafter's KV rows (rank 0's shard, read at the last token)
+// are the same whether the drafter catches up after every plain step (backlog 1, the drafter
+// always on), when 8 positions wait, or only when the sequence drafts again.
+static int catchup_k(void *ctx, int slot, int n_generated) {
+  (void)ctx, (void)slot;
+  if (n_generated < 100) return n_generated < 3 || (n_generated > 20 && n_generated < 24) ? 2 : 0;
+  return n_generated % 10 < 4 ? 0 : 3;
+}
+
+static struct {
+  lks_world *w;
+  int n_gen;
+  float *rows;
+  size_t n;
+} kvsnap;
+
+static void kv_at_end(void *ctx, int32_t tok, bool eos) {
+  collect(ctx, tok, eos);
+  sink *s = ctx;
+  if (s->n != kvsnap.n_gen) return;
+  const lks_engine *e = kvsnap.w->engine;
+  size_t d = lks_engine_kv_row_floats(e, true);
+  int len = lks_engine_slot_len(e, 0) - 8;  // rows every mode has paired by then
+  kvsnap.n = 0;
+  for (int p = 0; p < len; p++)
+    if (lks_engine_kv_read(e, 0, true, p, kvsnap.rows + kvsnap.n) == 0) kvsnap.n += d;
+}
+
+static int catchup_test(lks_world *w, const int32_t *prompt, int n) {
+  int n_gen = 130;
+  static draft_log logs[3];
+  sink out[3];
+  float *rows[3];
+  size_t nrows[3];
+  size_t d = lks_engine_kv_row_floats(w->engine, true);
+  const int limits[3] = {1, 8, 0};
+  int rc = 0;
+  for (int m = 0; m < 3 && rc == 0; m++) {
+    out[m] = (sink){malloc((size_t)n_gen * sizeof(int32_t)), 0};
+    rows[m] = malloc((size_t)256 * d * sizeof(float));
+    logs[m].n = 0;
+    log_to = &logs[m];
+    force = catchup_k;
+    backlog = limits[m];
+    kvsnap = (typeof(kvsnap)){w, n_gen, rows[m], 0};
+    lks_sched_opts o;
+    lks_sched_opts_from(w->settings, &o);
+    snprintf(o.spec, sizeof o.spec, "mtp");
+    o.n_drafts = 3;
+    o.gate = false;
+    o.force_k = force;
+    o.on_drafts = log_drafts;
+    o.mtp_backlog = backlog;
+    lks_sched *sched = lks_sched_new(w, NULL, &o);
+    if (!sched) return -1;
+    lks_req_params p = {0};
+    p.prompt = malloc((size_t)n * sizeof *prompt);
+    memcpy(p.prompt, prompt, (size_t)n * sizeof *prompt);
+    p.n_prompt = n;
+    p.max_tokens = n_gen;
+    p.ignore_eos = true;
+    p.sampling = (lks_sampling){0, 0, 1.0f};
+    p.on_token = kv_at_end;
+    p.on_token_ctx = &out[m];
+    if (clear_cache(w) < 0) return -1;
+    rc = lks_sched_run_one(sched, &p);
+    lks_sched_free(sched);
+    nrows[m] = kvsnap.n;
+  }
+  log_to = NULL;
+  force = NULL;
+  backlog = 0;
+  bool ok = rc == 0;
+  for (int m = 1; ok && m < 3; m++) {
+    ok &= same(&out[m], &out[0]);
+    ok &= logs[m].n == logs[0].n && !memcmp(logs[m].tok, logs[0].tok, (size_t)logs[0].n * sizeof(int32_t));
+    ok &= nrows[m] == nrows[0] && nrows[0] > 0 &&
+          !memcmp(rows[m], rows[0], nrows[0] * sizeof(float));
+  }
+  int verifies = 0;
+  for (int i = 0; i < logs[0].n; i++) verifies += logs[0].tok[i] < 0;
+  printf("lazy catch-up: %d verifies after plain stretches of up to 76 steps; drafts, tokens and "
+         "%zu drafter KV rows with catch-up at every plain step, every 8, and lazily: %s\n",
+         verifies, d ? nrows[0] / d : 0, ok ? "identical" : "FAIL");
+  failures += !ok;
+  for (int m = 0; m < 3; m++) {
+    free(out[m].tok);
+    free(rows[m]);
+  }
   return rc;
 }
 
@@ -216,6 +364,9 @@ int main(int argc, char **argv) {
   fclose(in);
   printf("%d prompts x (mtp K=1..4, ngram) at world %d: %s\n", n_prompts, w->world,
          failures ? "tokens DIFFER" : "tokens identical to decoding without speculation");
+  int32_t cprompt[12];
+  for (int j = 0; j < 12; j++) cprompt[j] = (int32_t)((j * 37 + 5) % vocab);
+  if (catchup_test(w, cprompt, 12) < 0) goto fail;
   if (leak > 0 && leak_test(w, leak, vocab, &got) < 0) goto fail;
   if (levers_test(w, &got) < 0) goto fail;
   free(base.tok);

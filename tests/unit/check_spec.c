@@ -6,7 +6,11 @@
 //   resampling (resampling from p instead) must fail: the test has the power to see it.
 // - Greedy acceptance counts leading matches and takes the bonus from the first mismatch.
 // - The ladder parses WIDTH:DRAFTS pairs and refuses malformed ones.
+// - The adaptive policy's K per sequence is the argmax of expected tokens per modelled step time
+//   (against a brute force over every assignment), and its measured state explores each K
+//   before it trusts the costs.
 #include <check.h>
+#include <math.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -108,6 +112,153 @@ START_TEST(ladder) {
 }
 END_TEST
 
+
+// The policy's K against a brute force over every assignment of draft counts, with the step
+// cost and expected tokens written out here from their definitions (not the policy's helpers):
+// T = plain + K * draft + R * row[K] (K the deepest count, R their sum; plain alone when K = 0),
+// E_i(k) = 1 + sum_{j<=k} prod_{l<=j} a_il; the policy's rate must equal the best rate and its
+// assignment must reach it.
+static double brute_rate(const lks_policy_costs *c, int n, const float (*acc)[LKS_MAX_DRAFTS],
+                         const int *k) {
+  int K = 0, R = 0;
+  double e = 0;
+  for (int i = 0; i < n; i++) {
+    if (k[i] > K) K = k[i];
+    R += k[i];
+    double run = 1;
+    e += 1;
+    for (int j = 0; j < k[i]; j++) {
+      run *= acc[i][j];
+      e += run;
+    }
+  }
+  double t = c->plain;
+  if (K > 0) t += K * c->draft + R * c->row[K];
+  return e / t;
+}
+
+START_TEST(policy_is_the_argmax) {
+  lks_rng rng;
+  lks_rng_seed(&rng, 42);
+  int agree = 0, nonzero = 0;
+  for (int trial = 0; trial < 3000; trial++) {
+    int n = 1 + (int)(lks_rng_next(&rng) % 4), k_max = 1 + (int)(lks_rng_next(&rng) % 4);
+    lks_policy_costs c = {0};
+    c.plain = 0.5 + lks_rng_uniform(&rng);
+    c.draft = c.plain * 0.4 * lks_rng_uniform(&rng);
+    for (int K = 1; K <= k_max; K++) c.row[K] = c.plain * 0.8 * lks_rng_uniform(&rng);
+    float acc[4][LKS_MAX_DRAFTS];
+    int kcap[4], k[4], scratch[4];
+    for (int i = 0; i < n; i++) {
+      // Some sequences draft well, some badly; some have less room.
+      double base = lks_rng_uniform(&rng);
+      for (int j = 0; j < LKS_MAX_DRAFTS; j++)
+        acc[i][j] = (float)(base * (0.7 + 0.3 * lks_rng_uniform(&rng)));
+      kcap[i] = (int)(lks_rng_next(&rng) % (uint64_t)(k_max + 1));
+    }
+    double got = lks_policy_choose(&c, n, (const float(*)[LKS_MAX_DRAFTS])acc, kcap, k_max, k, scratch);
+    // Brute force: every k_i in 0..kcap_i.
+    int t[4] = {0}, total = 1;
+    for (int i = 0; i < n; i++) total *= kcap[i] + 1;
+    double best = 0;
+    for (int idx = 0; idx < total; idx++) {
+      int rest = idx;
+      for (int i = 0; i < n; i++) {
+        t[i] = rest % (kcap[i] + 1);
+        rest /= kcap[i] + 1;
+      }
+      double v = brute_rate(&c, n, (const float(*)[LKS_MAX_DRAFTS])acc, t);
+      if (v > best) best = v;
+    }
+    for (int i = 0; i < n; i++) ck_assert(k[i] >= 0 && k[i] <= kcap[i]);
+    double mine = brute_rate(&c, n, (const float(*)[LKS_MAX_DRAFTS])acc, k);
+    ck_assert_msg(fabs(mine - best) <= 1e-9 * best && fabs(got - best) <= 1e-9 * best,
+                  "trial %d: policy rate %.12g (reported %.12g), best %.12g", trial, mine, got, best);
+    agree++;
+    for (int i = 0; i < n; i++) nonzero += k[i] > 0;
+  }
+  ck_assert_int_eq(agree, 3000);
+  ck_assert_int_gt(nonzero, 100);  // the cases are not all "plain"
+}
+END_TEST
+
+// The mixed batch: one sequence that drafts well and one that never does; with cheap rows the
+// first verifies K and the second stays plain (its row costs nothing extra in the model).
+START_TEST(policy_mixed_batch) {
+  lks_policy_costs c = {0};
+  c.plain = 1.0;
+  c.draft = 0.05;
+  for (int K = 1; K <= 3; K++) c.row[K] = 0.2;
+  float acc[2][LKS_MAX_DRAFTS];
+  for (int j = 0; j < LKS_MAX_DRAFTS; j++) acc[0][j] = 0.95f, acc[1][j] = 0.0f;
+  int kcap[2] = {3, 3}, k[2], scratch[2];
+  lks_policy_choose(&c, 2, (const float(*)[LKS_MAX_DRAFTS])acc, kcap, 3, k, scratch);
+  ck_assert_int_eq(k[0], 3);
+  ck_assert_int_eq(k[1], 0);
+  // Expensive verify rows: plain for both.
+  for (int K = 1; K <= 3; K++) c.row[K] = 2.0;
+  lks_policy_choose(&c, 2, (const float(*)[LKS_MAX_DRAFTS])acc, kcap, 3, k, scratch);
+  ck_assert_int_eq(k[0] + k[1], 0);
+}
+END_TEST
+
+// The measured state: a plain step is measured first, then every K up to the cap is explored,
+// then the costs decide; acceptance is observed only where the drafts before were accepted.
+START_TEST(policy_explores_then_exploits) {
+  lks_policy *p = lks_policy_new(4, LKS_MAX_DRAFTS);
+  ck_assert_ptr_nonnull(p);
+  lks_policy_seq a;
+  lks_policy_seq_init(p, &a);
+  lks_policy_seq *seqs[1] = {&a};
+  int kcap[1] = {2}, k[1], scratch[1];
+  int seen[3] = {0};
+  for (int step = 0; step < 12; step++) {
+    int K = lks_policy_pick(p, seqs, kcap, 1, k, scratch);
+    ck_assert_int_eq(K, k[0]);
+    seen[K]++;
+    // Plain 10 ms; a draft 1 ms; a verify row 2 ms: K = 2 at acceptance 0.9 is the best.
+    double t = 0.010 + K * 0.001 + K * 0.002;
+    lks_policy_record(p, 1, K, K, K * 0.001, t);
+    if (K) lks_policy_observe(p, &a, K, K);  // everything accepted
+  }
+  ck_assert_int_ge(seen[0], 2);
+  ck_assert_int_ge(seen[1], 1);
+  ck_assert_int_ge(seen[2], 2);
+  ck_assert_int_eq(lks_policy_pick(p, seqs, kcap, 1, k, scratch), 2);
+  const lks_policy_costs *c = lks_policy_costs_at(p, 1);
+  ck_assert(fabs(c->plain - 0.010) < 1e-9 && fabs(c->draft - 0.001) < 1e-9);
+  ck_assert(fabs(c->row[1] - 0.002) < 1e-9 && fabs(c->row[2] - 0.002) < 1e-9);
+  // A sequence whose drafts are all rejected: its acceptance at position 1 falls, position 2
+  // is never observed (the draft before it was rejected) and stays.
+  lks_policy_seq b;
+  lks_policy_seq_init(NULL, &b);
+  float a2 = b.acc[1];
+  for (int i = 0; i < 30; i++) lks_policy_observe(NULL, &b, 2, 0);
+  ck_assert(b.acc[0] < 0.01f);
+  ck_assert(b.acc[1] == a2);
+  seqs[0] = &b;
+  int plain = 0;
+  for (int i = 0; i < 48; i++) plain += lks_policy_pick(p, seqs, kcap, 1, k, scratch) == 0;
+  ck_assert_int_ge(plain, 44);  // at most the probes (two steps each) speculate
+  lks_policy_free(p);
+  // Hopeless costs (a draft and a verify row together cost more than a plain step): no K
+  // pays even if every draft were accepted; the probes come every 512 steps.
+  p = lks_policy_new(1, LKS_MAX_DRAFTS);
+  lks_policy_seq_init(p, &a);
+  for (int j = 0; j < LKS_MAX_DRAFTS; j++) a.acc[j] = 1.0f;
+  seqs[0] = &a;
+  kcap[0] = 3;
+  int spec = 0;
+  for (int step = 0; step < 1000; step++) {
+    int K = lks_policy_pick(p, seqs, kcap, 1, k, scratch);
+    spec += K > 0;
+    lks_policy_record(p, 1, K, K, K * 0.005, 0.010 + K * 0.005 + K * 0.012);
+  }
+  ck_assert_int_le(spec, 1 + 2 * 2 + 2);  // exploration, then two probes of two steps (and slack)
+  lks_policy_free(p);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("spec");
   TCase *tc = tcase_create("verify");
@@ -116,6 +267,9 @@ int main(void) {
   tcase_add_test(tc, rejection_edge_cases);
   tcase_add_test(tc, greedy_acceptance);
   tcase_add_test(tc, ladder);
+  tcase_add_test(tc, policy_is_the_argmax);
+  tcase_add_test(tc, policy_mixed_batch);
+  tcase_add_test(tc, policy_explores_then_exploits);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

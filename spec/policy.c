@@ -1,0 +1,312 @@
+// SPDX-License-Identifier: MIT
+// The adaptive draft-count policy (see spec.h): K per sequence from measured step costs and each
+// sequence's running acceptance.
+//
+// The model of one decoding step of w sequences of which sequence i drafts k_i tokens, with
+// K = max k_i (the chained drafter runs K times over every drafting sequence) and R = sum k_i
+// (extra verify rows):
+//   T = plain(w) + K * draft(w) + R * row(w, K)          (plain(w) alone when K = 0)
+// and sequence i's expected tokens from the step E_i(k_i) = 1 + sum_{j<=k_i} prod_{l<=j} a_il,
+// a_il its acceptance at draft position l given the earlier ones were accepted. The policy picks
+// the k maximising sum_i E_i(k_i) / T: for every K (exactly the deepest draft count), a
+// Dinkelbach iteration over the rate lambda (each sequence's best k_i <= K for
+// E_i(k) - lambda * row * k, separable once K is fixed; one sequence forced to K when none
+// reaches it), then the best K. A plain row in a batch that verifies others adds nothing to R:
+// it costs what it costs in a plain step (the shared plain(w)).
+//
+// The costs are medians per batch width of the last samples the scheduler measures on rank 0:
+// plain steps and one-draft steps are measured first; a deeper K's row cost, until measured, is
+// the one below it (it is tried when that says it pays), and the neighbours of the chosen K are
+// probed now and then so that the averages follow the machine: after 32 steps, then after twice
+// as many each time a probe leaves the choice as it was (up to 512), after 32 again when it
+// changes it; after 512 while the costs say no K could pay even if every draft were accepted.
+// Nothing here changes tokens: the verify rule makes the output independent of K.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "spec/spec.h"
+
+// Samples of a plain step's cost before it is trusted (one-draft steps need one); steps between
+// probes of the neighbouring K, doubled after each probe that left the choice as it was, up to
+// the most; the weight of a new observation in the averages; the acceptance a sequence starts
+// from before the pooled one is known.
+enum { POLICY_SAMPLES = 2, POLICY_PROBE_EVERY = 32, POLICY_PROBE_MOST = 512 };
+static const double ACC_W = 0.2, ACC_PRIOR = 0.6;
+// Speculation must beat plain decoding by this fraction to be chosen: costs are measured on a
+// machine that may be shared, and a choice within the noise of plain decoding is no gain.
+static const double POLICY_MARGIN = 0.03;
+
+// Each cost is the median of its last COST_RING samples: a step that was descheduled (a shared
+// machine) moves it less than it would move an average.
+enum { COST_RING = 9 };
+typedef struct {
+  double v[COST_RING];
+  int n;
+} ring;
+typedef struct {
+  ring plain, draft, row[LKS_MAX_DRAFTS + 1];
+} width_rings;
+
+static double ring_put(ring *r, double x) {
+  r->v[r->n++ % COST_RING] = x;
+  int m = r->n < COST_RING ? r->n : COST_RING;
+  double t[COST_RING];
+  memcpy(t, r->v, (size_t)m * sizeof *t);
+  for (int i = 1; i < m; i++)  // insertion sort of at most 9
+    for (int j = i; j > 0 && t[j - 1] > t[j]; j--) {
+      double y = t[j];
+      t[j] = t[j - 1];
+      t[j - 1] = y;
+    }
+  return m % 2 ? t[m / 2] : 0.5 * (t[m / 2 - 1] + t[m / 2]);
+}
+
+struct lks_policy {
+  int k_max, n_widths;
+  lks_policy_costs *c;  // [n_widths]; wider batches share the last
+  width_rings *r;       // [n_widths] the samples behind c
+  int *n_plain, *n_draft, (*n_row)[LKS_MAX_DRAFTS + 1];  // samples per cost, [n_widths]
+  int *since_probe, *last_k, *probe_k, *probe_left;      // [n_widths]
+  int *probe_every, *probe_from;                          // [n_widths]; probe_from: K before it
+  bool *hopeless;  // [n_widths] no K pays even if every draft were accepted: probe rarely
+  int probe_turn;
+  double acc[LKS_MAX_DRAFTS];  // pooled acceptance per position, every sequence's observations
+  bool acc_seen;
+};
+
+// ---- the choice, a pure function of costs and acceptances ----
+
+double lks_policy_expected(const float *acc, int k) {
+  double e = 1, run = 1;
+  for (int j = 0; j < k; j++) {
+    run *= acc[j];
+    e += run;
+  }
+  return e;
+}
+
+double lks_policy_step_cost(const lks_policy_costs *c, int K, int R) {
+  return K == 0 ? c->plain : c->plain + K * c->draft + R * c->row[K];
+}
+
+// The best k_i for every sequence with exactly K as the deepest, at rate lambda; false when no
+// sequence may draft K.
+static bool best_at(const lks_policy_costs *c, int n, const float (*acc)[LKS_MAX_DRAFTS],
+                    const int *kcap, int K, double lambda, int *k) {
+  int force = -1;
+  double force_loss = INFINITY;
+  bool reached = false;
+  for (int i = 0; i < n; i++) {
+    int top = kcap[i] < K ? kcap[i] : K, best = 0;
+    double bv = -INFINITY;
+    for (int j = 0; j <= top; j++) {
+      double v = lks_policy_expected(acc[i], j) - lambda * c->row[K] * j;
+      if (v > bv + 1e-12) bv = v, best = j;
+    }
+    k[i] = best;
+    if (best == K) reached = true;
+    if (top == K) {
+      double loss = bv - (lks_policy_expected(acc[i], K) - lambda * c->row[K] * K);
+      if (loss < force_loss) force_loss = loss, force = i;
+    }
+  }
+  if (reached) return true;
+  if (force < 0) return false;
+  k[force] = K;
+  return true;
+}
+
+static double value(const lks_policy_costs *c, int n, const float (*acc)[LKS_MAX_DRAFTS],
+                    const int *k) {
+  int K = 0, R = 0;
+  double e = 0;
+  for (int i = 0; i < n; i++) {
+    K = k[i] > K ? k[i] : K;
+    R += k[i];
+    e += lks_policy_expected(acc[i], k[i]);
+  }
+  return e / lks_policy_step_cost(c, K, R);
+}
+
+double lks_policy_choose(const lks_policy_costs *c, int n, const float (*acc)[LKS_MAX_DRAFTS],
+                         const int *kcap, int k_max, int *k, int *scratch) {
+  for (int i = 0; i < n; i++) k[i] = 0;
+  double best = value(c, n, acc, k);
+  for (int K = 1; K <= k_max; K++) {
+    double lambda = best;  // from the best so far: Dinkelbach stops at once when K cannot beat it
+    for (int it = 0; it < 64 && best_at(c, n, acc, kcap, K, lambda, scratch); it++) {
+      double v = value(c, n, acc, scratch);
+      if (v > best * (1 + 1e-12)) {
+        best = v;
+        memcpy(k, scratch, (size_t)n * sizeof *k);
+      }
+      if (v <= lambda * (1 + 1e-12)) break;  // nothing at this K beats lambda
+      lambda = v;
+    }
+  }
+  return best;
+}
+
+// ---- the measured state ----
+
+lks_policy *lks_policy_new(int max_width, int k_max) {
+  if (max_width < 1) max_width = 1;
+  lks_policy *p = calloc(1, sizeof *p);
+  if (!p) return NULL;
+  p->k_max = k_max < 0 ? 0 : k_max > LKS_MAX_DRAFTS ? LKS_MAX_DRAFTS : k_max;
+  p->n_widths = max_width;
+  size_t n = (size_t)max_width;
+  p->c = calloc(n, sizeof *p->c);
+  p->r = calloc(n, sizeof *p->r);
+  p->n_plain = calloc(n, sizeof *p->n_plain);
+  p->n_draft = calloc(n, sizeof *p->n_draft);
+  p->n_row = calloc(n, sizeof *p->n_row);
+  p->since_probe = calloc(n, sizeof *p->since_probe);
+  p->last_k = calloc(n, sizeof *p->last_k);
+  p->probe_k = calloc(n, sizeof *p->probe_k);
+  p->probe_left = calloc(n, sizeof *p->probe_left);
+  p->probe_every = calloc(n, sizeof *p->probe_every);
+  p->probe_from = calloc(n, sizeof *p->probe_from);
+  p->hopeless = calloc(n, sizeof *p->hopeless);
+  if (!p->c || !p->r || !p->n_plain || !p->n_draft || !p->n_row || !p->since_probe ||
+      !p->last_k || !p->probe_k || !p->probe_left || !p->probe_every || !p->probe_from ||
+      !p->hopeless) {
+    lks_policy_free(p);
+    lks_set_error(LKS_ENOMEM, "policy: out of memory");
+    return NULL;
+  }
+  for (int j = 0; j < LKS_MAX_DRAFTS; j++) p->acc[j] = ACC_PRIOR;
+  for (int i = 0; i < max_width; i++) p->probe_every[i] = POLICY_PROBE_EVERY, p->probe_from[i] = -1;
+  return p;
+}
+
+void lks_policy_free(lks_policy *p) {
+  if (!p) return;
+  free(p->c);
+  free(p->r);
+  free(p->n_plain);
+  free(p->n_draft);
+  free(p->n_row);
+  free(p->since_probe);
+  free(p->last_k);
+  free(p->probe_k);
+  free(p->probe_left);
+  free(p->probe_every);
+  free(p->probe_from);
+  free(p->hopeless);
+  free(p);
+}
+
+static int width_index(const lks_policy *p, int w) {
+  return w < 1 ? 0 : w > p->n_widths ? p->n_widths - 1 : w - 1;
+}
+
+void lks_policy_seq_init(const lks_policy *p, lks_policy_seq *s) {
+  memset(s, 0, sizeof *s);
+  for (int j = 0; j < LKS_MAX_DRAFTS; j++) s->acc[j] = (float)(p ? p->acc[j] : ACC_PRIOR);
+}
+
+void lks_policy_observe(lks_policy *p, lks_policy_seq *s, int k, int accepted) {
+  // Position j's acceptance is observed when the drafts before it were all accepted.
+  for (int j = 0; j < k && j <= accepted; j++) {
+    double x = j < accepted ? 1.0 : 0.0;
+    s->acc[j] = (float)((1 - ACC_W) * s->acc[j] + ACC_W * x);
+    if (p) p->acc[j] = (1 - ACC_W) * p->acc[j] + ACC_W * x;
+  }
+  s->rounds++;
+  if (p) p->acc_seen = true;
+}
+
+
+void lks_policy_record(lks_policy *p, int w, int K, int R, double t_propose, double t_step) {
+  if (t_step <= 0) return;
+  int wi = width_index(p, w);
+  if (K == 0) {
+    p->c[wi].plain = ring_put(&p->r[wi].plain, t_step);
+    p->n_plain[wi]++;
+    return;
+  }
+  if (K > p->k_max || R <= 0 || !p->n_plain[wi]) return;
+  p->c[wi].draft = ring_put(&p->r[wi].draft, t_propose / K);
+  p->n_draft[wi]++;
+  double verify = t_step - t_propose - p->c[wi].plain;
+  p->c[wi].row[K] = ring_put(&p->r[wi].row[K], verify > 0 ? verify / R : 0);
+  p->n_row[wi][K]++;
+}
+
+const lks_policy_costs *lks_policy_costs_at(const lks_policy *p, int w) {
+  return &p->c[width_index(p, w)];
+}
+
+int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, int n, int *k,
+                    int *scratch) {
+  int wi = width_index(p, n), cap = 0;
+  for (int i = 0; i < n; i++) cap = kcap[i] > cap ? kcap[i] : cap;
+  if (cap > p->k_max) cap = p->k_max;
+  // Explore: the plain step first, then one draft. Deeper K are not tried blindly: until
+  // measured, a K's row cost is taken from the deepest measured K below it, and it runs only
+  // when that extrapolation says it pays (then it is measured).
+  int explore = -1;
+  if (p->n_plain[wi] < POLICY_SAMPLES) explore = 0;
+  else if (cap >= 1 && p->n_row[wi][1] < 1) explore = 1;
+  // Probe: now and then the K next to the last choice (above, below) or plain decoding, for two
+  // steps (the first of a probe from plain decoding catches the drafter up, which is not a
+  // step's cost: the scheduler does not record it).
+  if (explore < 0 && p->probe_left[wi] > 0) {
+    p->probe_left[wi]--;
+    explore = p->probe_k[wi] <= cap ? p->probe_k[wi] : cap;
+  } else if (explore < 0 &&
+             ++p->since_probe[wi] >= (p->hopeless[wi] ? POLICY_PROBE_MOST : p->probe_every[wi])) {
+    p->since_probe[wi] = 0;
+    p->probe_from[wi] = p->last_k[wi];
+    // Above, below, then plain decoding (the baseline every choice is measured against).
+    int last = p->last_k[wi], up = last + 1 <= cap ? last + 1 : -1, down = last - 1;
+    p->probe_turn = (p->probe_turn + 1) % 3;
+    explore = p->probe_turn == 0 && up >= 0 ? up : p->probe_turn == 1 && down >= 0 ? down : 0;
+    if (explore == last) explore = up >= 0 ? up : down;
+    p->probe_k[wi] = explore;
+    p->probe_left[wi] = explore >= 0 ? 1 : 0;
+  }
+  if (explore >= 0) {
+    int K = 0;
+    for (int i = 0; i < n; i++) {
+      k[i] = kcap[i] < explore ? kcap[i] : explore;
+      K = k[i] > K ? k[i] : K;
+    }
+    return K;
+  }
+  float(*acc)[LKS_MAX_DRAFTS] = malloc((size_t)n * sizeof *acc);
+  if (!acc) {  // out of memory: decode plainly this step (the output is the same)
+    for (int i = 0; i < n; i++) k[i] = 0;
+    return 0;
+  }
+  for (int i = 0; i < n; i++) memcpy(acc[i], s[i]->acc, sizeof acc[i]);
+  lks_policy_costs c = p->c[wi];
+  for (int K = 2; K <= cap; K++)
+    if (!p->n_row[wi][K]) c.row[K] = c.row[K - 1];
+  double best = lks_policy_choose(&c, n, (const float(*)[LKS_MAX_DRAFTS])acc, kcap, cap, k, scratch);
+  free(acc);
+  double plain = n / c.plain;
+  if (best < (1 + POLICY_MARGIN) * plain)
+    for (int i = 0; i < n; i++) k[i] = 0;
+  // Hopeless: even with every draft accepted (E = 1 + K) no K would beat plain decoding; only
+  // the costs can change that, so the probes that follow them come at the longest interval.
+  double bound = 0;
+  for (int K = 1; K <= cap; K++) {
+    double r = n * (1.0 + K) / lks_policy_step_cost(&c, K, n * K);
+    bound = r > bound ? r : bound;
+  }
+  p->hopeless[wi] = bound < (1 + POLICY_MARGIN) * plain;
+  int K = 0;
+  for (int i = 0; i < n; i++) K = k[i] > K ? k[i] : K;
+  p->last_k[wi] = K;
+  if (p->probe_from[wi] >= 0) {  // the first choice after a probe
+    int e = p->probe_every[wi];
+    p->probe_every[wi] = K == p->probe_from[wi] ? (2 * e < POLICY_PROBE_MOST ? 2 * e : POLICY_PROBE_MOST)
+                                                : POLICY_PROBE_EVERY;
+    p->probe_from[wi] = -1;
+  }
+  return K;
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# World 2 over a delayed link (issue 19, item 5), the smoke test: rank 0 and rank 1 in two
+# network namespaces joined by a veth pair with `tc netem delay 100us` on each end, MPI and the
+# control plane over it (tools/netem_lib.sh); `lockstep generate --spec mtp -k 3` with the
+# adaptive policy gives the tokens of plain decoding at world 1, greedy and sampled. Without
+# netem in the kernel the test says so and runs over the bare veth. The measurement itself is
+# tools/netem_bench.sh. Root only. usage: netem_test.sh LOCKSTEP MODEL_DIR
+set -u
+lockstep=$1 model=$2
+. "$(dirname "$0")/../../tools/netem_lib.sh"
+fails=0 passes=0
+ok() { echo "ok: $1"; passes=$((passes + 1)); }
+bad() { echo "FAIL: $1"; fails=$((fails + 1)); }
+gen=(generate --model "$model" --prompt-ids 3,14,15,92,65,35 -n 40 --ignore-eos --threads 1 --log-level warn)
+netem_up || { echo "FAIL: cannot set up the namespaces"; exit 1; }
+if netem_delay 100; then
+  ok "netem delay 100 us per direction on the veth"
+else
+  echo "note: netem is not available, running over the bare veth: $NETEM_ERR"
+fi
+for sampling in "--temperature 0" "--temperature 0.8 --seed 11"; do
+  # shellcheck disable=SC2086
+  want=$(timeout 120 "$lockstep" "${gen[@]}" $sampling 2>&1 | head -1)
+  # shellcheck disable=SC2086
+  got=$(NETEM_TIMEOUT=300 netem_mpirun "$lockstep" "${gen[@]}" $sampling --spec mtp -k 3 2>"$netem_work/err" | head -1)
+  n=$(echo "$got" | tr ',' '\n' | grep -c .)
+  if [ "$n" = 40 ] && [ "$got" = "$want" ]; then
+    ok "world 2 over the link, --spec mtp with the policy, $sampling: the 40 tokens of plain decoding at world 1"
+  else
+    bad "$sampling: world 2 over the link gave '$got', world 1 plain '$want'"
+    tail -5 "$netem_work/err"
+  fi
+done
+echo "$passes passed, $fails failed"
+[ "$fails" = 0 ]
