@@ -20,6 +20,7 @@
 #include "coordinator/scheduler.h"
 #include "proto/lockstep.pb-c.h"
 #include "spec/spec.h"
+#include "text/json_grammar.h"
 #include "text/tokenizer.h"
 
 struct lks_req {
@@ -48,6 +49,7 @@ struct lks_req {
   int32_t *hist;  // prompt + generated, for the proposer
   int n_hist, cap_hist;
   lks_spec_seq seq;  // the proposer's view of this sequence
+  lks_json_state js;  // JSON mode: the grammar after the tokens emitted so far
   lks_detok *detok;
   double t_submit, t_last;
   lks_req *next;
@@ -109,6 +111,11 @@ struct lks_sched {
   bool clear_now;      // ... this step (scheduler thread)
   lks_sched_stats st;
   lks_proposer *proposer;  // NULL when speculation is off
+  // JSON mode (scheduler thread): the token trie (NULL without a tokenizer), one row's mask and
+  // the masked copy of a logits row.
+  lks_json_vocab *json;
+  uint64_t *json_mask;  // [lks_json_mask_words]
+  float *json_row;      // [vocab]
   lks_gate gate;
   lks__sched_mem m;
 };
