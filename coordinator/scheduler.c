@@ -114,6 +114,8 @@ static int json_new(lks_sched *s) {
   double t0 = lks_clock();
   s->json = lks_json_vocab_new(s->tok, s->vocab, c->eos, c->n_eos);
   if (!s->json) return LKS_ENOMEM;
+  s->json_cache = lks_json_cache_new(s->json, 64);
+  if (!s->json_cache) return LKS_ENOMEM;
   s->json_mask = calloc((size_t)lks_json_mask_words(s->json), sizeof *s->json_mask);
   s->json_row = malloc((size_t)s->vocab * sizeof *s->json_row);
   if (!s->json_mask || !s->json_row) return lks_set_error(LKS_ENOMEM, "scheduler: out of memory");
@@ -185,6 +187,7 @@ void lks_sched_free(lks_sched *s) {
     lks__req_unref(r);
   }
   lks_proposer_free(s->proposer);
+  lks_json_cache_free(s->json_cache);
   lks_json_vocab_free(s->json);
   free(s->json_mask);
   free(s->json_row);
@@ -461,7 +464,7 @@ static int forward(lks_sched *s, int n_dec, lks_engine_out *out, bool *any_prefi
 // drafts before it) picks what plain decoding picks.
 static const float *lks_grammar_mask(lks_sched *s, const lks_req *r, const lks_json_state *g,
                                      int index, const float *row) {
-  int n = lks_json_mask(s->json, g, r->p.max_tokens - index, s->json_mask);
+  int n = lks_json_cache_mask(s->json_cache, g, r->p.max_tokens - index, s->json_mask);
   const uint64_t *m = s->json_mask;
   if (n == 0) {
     // Only when the vocabulary lacks a closing byte (lks_json_vocab_closable warned): end it.

@@ -114,6 +114,7 @@ struct lks_sched {
   // JSON mode (scheduler thread): the token trie (NULL without a tokenizer), one row's mask and
   // the masked copy of a logits row.
   lks_json_vocab *json;
+  lks_json_cache *json_cache;  // masks by state (most tokens of a string share one)
   uint64_t *json_mask;  // [lks_json_mask_words]
   float *json_row;      // [vocab]
   lks_gate gate;

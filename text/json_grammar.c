@@ -453,16 +453,19 @@ lks_json_vocab *lks_json_vocab_new(const lks_tokenizer *t, int n, const int32_t 
     prev_n = len;
   }
   free(path);
-  // next[i]: the first node after i whose depth is at most depth[i] (a stack pass from the end).
-  int32_t *stk = malloc((size_t)(v->max_len + 1) * sizeof *stk);
-  if (!stk) goto oom;
-  for (int d = 0; d <= v->max_len; d++) stk[d] = v->n_nodes;
-  for (int32_t i = v->n_nodes - 1; i >= 0; i--) {
+  // next[i]: the first node after i whose depth is at most depth[i]. open[d - 1] is the node of
+  // depth d on the path to the current one; a node of depth d ends the subtrees of those at
+  // depths d and deeper.
+  int32_t *open = malloc((size_t)(v->max_len + 1) * sizeof *open);
+  if (!open) goto oom;
+  int top = 0;
+  for (int32_t i = 0; i < v->n_nodes; i++) {
     int d = v->depth[i];
-    v->next[i] = stk[d];  // stk[e]: the nearest node after i whose depth is at most e
-    for (int e = d; e <= v->max_len; e++) stk[e] = i;
+    while (top >= d) v->next[open[--top]] = i;
+    open[top++] = i;
   }
-  free(stk);
+  while (top > 0) v->next[open[--top]] = v->n_nodes;
+  free(open);
   // The budget rule needs single-byte tokens for every byte of a completion.
   static const char need[] = "{}[]\":,0nuDC\\0123456789abcdefABCDEFtrlsen";
   v->closable = true;
@@ -481,8 +484,11 @@ oom:
 bool lks_json_vocab_closable(const lks_json_vocab *v) { return v->closable; }
 int lks_json_mask_words(const lks_json_vocab *v) { return (v->n + 63) / 64; }
 
-int lks_json_mask(const lks_json_vocab *v, const lks_json_state *s, int budget, uint64_t *allowed) {
+// The walk; *max_cost (when not NULL): the largest close cost an allowed token leaves.
+static int walk(const lks_json_vocab *v, const lks_json_state *s, int budget, uint64_t *allowed,
+                int *max_cost) {
   memset(allowed, 0, (size_t)lks_json_mask_words(v) * sizeof *allowed);
+  int worst = 0;
   int n_allowed = 0;
   // After this token budget - 1 tokens are left; what remains open must close within them.
   int left = budget < 0 ? 1 << 30 : budget - 1;
@@ -502,7 +508,9 @@ int lks_json_mask(const lks_json_vocab *v, const lks_json_state *s, int budget, 
       i = v->next[i];  // nothing below can be accepted either
       continue;
     }
-    if (v->count[i] && lks_json_close_cost(x) <= left) {
+    int cost;
+    if (v->count[i] && (cost = lks_json_close_cost(x)) <= left) {
+      if (cost > worst) worst = cost;
       for (int k = 0; k < v->count[i]; k++) {
         int32_t id = v->ids[v->first[i] + k];
         allowed[id >> 6] |= 1ull << (id & 63);
@@ -511,7 +519,105 @@ int lks_json_mask(const lks_json_vocab *v, const lks_json_state *s, int budget, 
     }
     i++;
   }
+  if (max_cost) *max_cost = worst;
   return n_allowed;
+}
+
+int lks_json_mask(const lks_json_vocab *v, const lks_json_state *s, int budget, uint64_t *allowed) {
+  return walk(v, s, budget, allowed, NULL);
+}
+
+// ---- the cache ----
+
+typedef struct {
+  lks_json_state key;
+  int n, max_cost;
+  uint64_t used;  // LRU clock; 0: empty
+  uint64_t *bits;
+} cache_entry;
+
+struct lks_json_cache {
+  const lks_json_vocab *v;
+  int n_entries;
+  cache_entry *e;
+  uint64_t clock, hits, misses;
+};
+
+// The state with the fields its mode does not read zeroed, so that equal meanings compare equal.
+static lks_json_state canonical(const lks_json_state *s) {
+  lks_json_state k;
+  memset(&k, 0, sizeof k);  // padding too: keys are compared with memcmp
+  k.stack = s->depth ? s->stack & (~0ull >> (64 - s->depth)) : 0;
+  k.depth = s->depth;
+  k.mode = s->mode;
+  k.flags = s->flags;
+  switch (s->mode) {
+    case M_UHEX: case M_UTF8: case M_NUM: case M_LIT:
+      k.sub = s->sub;
+      k.aux = s->aux;
+      break;
+    case M_VALUE: case M_ARR_FIRST: case M_OBJ_FIRST: case M_KEY: case M_COLON: case M_AFTER:
+    case M_DONE:
+      k.ws = s->ws;
+      break;
+    default:
+      break;
+  }
+  return k;
+}
+
+void lks_json_cache_free(lks_json_cache *c) {
+  if (!c) return;
+  for (int i = 0; c->e && i < c->n_entries; i++) free(c->e[i].bits);
+  free(c->e);
+  free(c);
+}
+
+lks_json_cache *lks_json_cache_new(const lks_json_vocab *v, int entries) {
+  lks_json_cache *c = calloc(1, sizeof *c);
+  if (!c) goto oom;
+  c->v = v;
+  c->n_entries = entries > 0 ? entries : 1;
+  c->e = calloc((size_t)c->n_entries, sizeof *c->e);
+  if (!c->e) goto oom;
+  for (int i = 0; i < c->n_entries; i++) {
+    c->e[i].bits = malloc((size_t)lks_json_mask_words(v) * sizeof *c->e[i].bits);
+    if (!c->e[i].bits) goto oom;
+  }
+  return c;
+oom:
+  lks_json_cache_free(c);
+  lks_set_error(LKS_ENOMEM, "json mode: out of memory for the mask cache");
+  return NULL;
+}
+
+int lks_json_cache_mask(lks_json_cache *c, const lks_json_state *s, int budget, uint64_t *allowed) {
+  lks_json_state k = canonical(s);
+  size_t words = (size_t)lks_json_mask_words(c->v);
+  int left = budget < 0 ? 1 << 30 : budget - 1;
+  cache_entry *hit = NULL, *lru = &c->e[0];
+  for (int i = 0; i < c->n_entries; i++) {
+    cache_entry *e = &c->e[i];
+    if (e->used && !memcmp(&e->key, &k, sizeof k)) hit = e;
+    if (e->used < lru->used) lru = e;
+  }
+  if (!hit) {
+    c->misses++;
+    hit = lru;
+    memcpy(&hit->key, &k, sizeof k);
+    hit->n = walk(c->v, s, -1, hit->bits, &hit->max_cost);
+  } else {
+    c->hits++;
+  }
+  hit->used = ++c->clock;
+  if (hit->max_cost > left) return walk(c->v, s, budget, allowed, NULL);  // the budget binds
+  memcpy(allowed, hit->bits, words * sizeof *allowed);
+  return hit->n;
+}
+
+void lks_json_cache_stats(const lks_json_cache *c, uint64_t *hits, uint64_t *misses) {
+  *hits = c->hits;
+  *misses = c->misses;
 }
 
 bool lks_json_advance(const lks_json_vocab *v, lks_json_state *s, int32_t t) {

@@ -73,6 +73,19 @@ int lks_json_mask_words(const lks_json_vocab *v);
 // allowed only when the document can still be closed by the budget's end, i.e. when its close
 // cost after the token is at most budget - 1. Returns how many tokens are allowed.
 int lks_json_mask(const lks_json_vocab *v, const lks_json_state *s, int budget, uint64_t *allowed);
+// A cache of masks by grammar state, for one thread at a time (the scheduler's). Inside a string
+// the state repeats token after token, so most masks are a copy: a mask is computed without the
+// budget and kept with the largest close cost its tokens leave, and reused while that cost fits
+// the budget (near the end of the budget the walk runs with it). The vocab must outlive it.
+typedef struct lks_json_cache lks_json_cache;
+// NULL with lks_last_error() when out of memory. entries: how many masks it keeps (LRU).
+lks_json_cache *lks_json_cache_new(const lks_json_vocab *v, int entries);
+void lks_json_cache_free(lks_json_cache *c);
+// lks_json_mask, through the cache: the same bits.
+int lks_json_cache_mask(lks_json_cache *c, const lks_json_state *s, int budget, uint64_t *allowed);
+// Masks served from the cache, and computed.
+void lks_json_cache_stats(const lks_json_cache *c, uint64_t *hits, uint64_t *misses);
+
 // Advances *s past token t's bytes (an end-of-sequence id leaves it as it is). Returns false,
 // *s unchanged, when the grammar rejects the token.
 bool lks_json_advance(const lks_json_vocab *v, lks_json_state *s, int32_t t);

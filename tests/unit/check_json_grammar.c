@@ -308,7 +308,9 @@ static void check_mask_on(const char *path, int states) {
   ck_assert_ptr_nonnull(v);
   ck_assert_msg(lks_json_vocab_closable(v), "%s: single-byte tokens missing", path);
   uint64_t *mask = calloc((size_t)lks_json_mask_words(v), sizeof *mask);
-  ck_assert_ptr_nonnull(mask);
+  uint64_t *cached = calloc((size_t)lks_json_mask_words(v), sizeof *cached);
+  lks_json_cache *cache = lks_json_cache_new(v, 4);  // small: entries are evicted and reused
+  ck_assert(mask && cached && cache);
   if (n > 100000) states /= 3;  // a real vocabulary: fewer states, each over 151k tokens
   for (int it = 0; it < states; it++) {
     sb b = {0};
@@ -331,10 +333,24 @@ static void check_mask_on(const char *path, int states) {
       }
     }
     ck_assert_int_eq(got, want);
+    // The cache gives the same bits, for this state and budget and for a few repeats of the
+    // state under other budgets (hits, some of them bound by the budget).
+    for (int rep = 0; rep < 3; rep++) {
+      int b2 = rep == 0 ? budget : rnd(2) ? -1 : (int)rnd(8) + lks_json_close_cost(&s);
+      int c = lks_json_cache_mask(cache, &s, b2, cached);
+      int d = lks_json_mask(v, &s, b2, mask);
+      ck_assert_int_eq(c, d);
+      ck_assert(!memcmp(cached, mask, (size_t)lks_json_mask_words(v) * sizeof *mask));
+    }
     ck_assert_msg(want > 0, "empty mask after '%.*s' at budget %d", (int)cut, b.p, budget);
     free(b.p);
   }
+  uint64_t hits, misses;
+  lks_json_cache_stats(cache, &hits, &misses);
+  ck_assert_uint_gt(hits, 0);
   free(mask);
+  free(cached);
+  lks_json_cache_free(cache);
   lks_json_vocab_free(v);
   lks_tokenizer_free((lks_tokenizer *)t);
 }
