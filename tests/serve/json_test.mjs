@@ -87,18 +87,21 @@ catch (e) { check(e.status === 400 && e.param === "response_format", `completion
 
 // Fixed requests whose token ids json_test.sh compares between servers: greedy and seeded
 // sampling, chat and text, lengths that end by EOS and by max_tokens.
-const fixed = [];
+// Sent concurrently: a request's tokens do not depend on its batch.
+const fixedJobs = [];
 for (const [i, ask] of asks.entries()) {
   for (const [temperature, seed] of [[0, 0], [1, 11 + i], [0.7, 99 + i]]) {
     for (const max_tokens of [12, 64]) {
-      const r = await client.chat.completions.create({ model, max_tokens, temperature, seed, response_format: json,
-        messages: [{ role: "user", content: ask }], return_token_ids: true });
-      const c = r.choices[0];
-      check(parsesAsObject(c.message.content), `fixed ${i}/${temperature}/${max_tokens} parses: ${JSON.stringify(c.message.content)}`);
-      fixed.push({ ask: i, temperature, seed, max_tokens, ids: c.token_ids, text: c.message.content, finish: c.finish_reason });
+      fixedJobs.push(client.chat.completions.create({ model, max_tokens, temperature, seed, response_format: json,
+        messages: [{ role: "user", content: ask }], return_token_ids: true }).then((r) => {
+        const c = r.choices[0];
+        check(parsesAsObject(c.message.content), `fixed ${i}/${temperature}/${max_tokens} parses: ${JSON.stringify(c.message.content)}`);
+        return { ask: i, temperature, seed, max_tokens, ids: c.token_ids, text: c.message.content, finish: c.finish_reason };
+      }));
     }
   }
 }
+const fixed = await Promise.all(fixedJobs);
 {
   const r = await client.completions.create({ model, prompt: "JSON: ", max_tokens: 48, temperature: 1, seed: 5,
     response_format: json, return_token_ids: true });

@@ -39,9 +39,9 @@ run() {
 }
 
 run plain 1 ${SAMPLED:-100}
-run mtp 1 20 --spec mtp -k 3 --spec-gate false
-run ngram 1 20 --spec ngram -k 3 --spec-gate false
-[ "$world2" = 1 ] && run mtp_w2 2 20 --spec mtp -k 3 --spec-gate false
+run mtp 1 8 --spec mtp -k 3 --spec-gate false
+run ngram 1 8 --spec ngram -k 3 --spec-gate false
+[ "$world2" = 1 ] && run mtp_w2 2 8 --spec mtp -k 3 --spec-gate false
 for other in mtp ngram mtp_w2; do
   [ -f "$work/$other.json" ] || continue
   if cmp -s "$work/plain.json" "$work/$other.json"; then
