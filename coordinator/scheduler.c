@@ -464,7 +464,9 @@ static int forward(lks_sched *s, int n_dec, lks_engine_out *out, bool *any_prefi
 // drafts before it) picks what plain decoding picks.
 static const float *lks_grammar_mask(lks_sched *s, const lks_req *r, const lks_json_state *g,
                                      int index, const float *row) {
-  int n = lks_json_cache_mask(s->json_cache, g, r->p.max_tokens - index, s->json_mask);
+  // A verify row past max_tokens (drafts are not cut to it) is never emitted: no budget there.
+  int budget = r->p.max_tokens - index;
+  int n = lks_json_cache_mask(s->json_cache, g, budget > 0 ? budget : -1, s->json_mask);
   const uint64_t *m = s->json_mask;
   if (n == 0) {
     // Only when the vocabulary lacks a closing byte (lks_json_vocab_closable warned): end it.

@@ -361,10 +361,9 @@ struct lks_json_vocab {
   uint8_t *usable;      // [n] 1: an id with bytes, not special
 };
 
-static const lks_tokenizer *sort_tok;
-static int by_bytes(const void *a, const void *b) {
+static int by_bytes(const void *a, const void *b, void *ctx) {
   int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-  const lks_tokenizer *t = sort_tok;
+  const lks_tokenizer *t = ctx;
   uint32_t nx = t->len[x], ny = t->len[y];
   int c = memcmp(t->arena + t->off[x], t->arena + t->off[y], nx < ny ? nx : ny);
   if (c) return c;
@@ -409,8 +408,7 @@ lks_json_vocab *lks_json_vocab_new(const lks_tokenizer *t, int n, const int32_t 
     v->ids[v->n_ids++] = id;
     total += t->len[id];
   }
-  sort_tok = t;  // qsort has no context argument; building runs once, at start-up
-  qsort(v->ids, (size_t)v->n_ids, sizeof *v->ids, by_bytes);
+  qsort_r(v->ids, (size_t)v->n_ids, sizeof *v->ids, by_bytes, (void *)t);
   size_t cap = total + 1;
   v->byte = malloc(cap);
   v->depth = malloc(cap * sizeof *v->depth);

@@ -341,7 +341,7 @@ static void check_mask_on(const char *path, int states) {
   uint64_t *cached = calloc((size_t)lks_json_mask_words(v), sizeof *cached);
   lks_json_cache *cache = lks_json_cache_new(v, 4);  // small: entries are evicted and reused
   ck_assert(mask && cached && cache);
-  if (n > 100000) states /= 3;  // a real vocabulary: fewer states, each over 151k tokens
+  if (n > 100000) states /= 6;  // a real vocabulary: fewer states, each over 151k tokens
   for (int it = 0; it < states; it++) {
     sb b = {0};
     bool obj = rnd(4) != 0;
@@ -397,7 +397,7 @@ static void check_termination_on(const char *path, int runs) {
   uint64_t *mask = calloc((size_t)lks_json_mask_words(v), sizeof *mask);
   int32_t *allowed = malloc((size_t)n * sizeof *allowed);
   ck_assert(mask && allowed);
-  if (n > 100000) runs /= 5;
+  if (n > 100000) runs /= 10;
   for (int run = 0; run < runs; run++) {
     int budget = 2 + (int)rnd(run < runs / 2 ? 8 : 60);
     lks_json_state s;
