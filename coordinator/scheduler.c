@@ -108,7 +108,7 @@ static void mem_free(lks__sched_mem *m) {
 static void slot_release(lks_sched *s, int i);
 
 // JSON mode's token trie over the model's vocabulary, with its end-of-sequence ids (built once:
-// tens of milliseconds at 151k tokens).
+// about 0.2 s at 151k tokens, 2 ms at 4k).
 static int json_new(lks_sched *s) {
   const lks_config *c = lks_model_config(s->w->model);
   double t0 = lks_clock();
@@ -462,8 +462,8 @@ static int forward(lks_sched *s, int n_dec, lks_engine_out *out, bool *any_prefi
 // whole JSON object even when the request ends by its length. A row of the same state always
 // gets the same mask, so speculation (which masks each verify row with the state after the
 // drafts before it) picks what plain decoding picks.
-static const float *lks_grammar_mask(lks_sched *s, const lks_req *r, const lks_json_state *g,
-                                     int index, const float *row) {
+static const float *grammar_mask(lks_sched *s, const lks_req *r, const lks_json_state *g,
+                                 int index, const float *row) {
   // A verify row past max_tokens (drafts are not cut to it) is never emitted: no budget there.
   int budget = r->p.max_tokens - index;
   int n = lks_json_cache_mask(s->json_cache, g, budget > 0 ? budget : -1, s->json_mask);
@@ -490,7 +490,7 @@ static int pick(lks_sched *s, lks_req *r, const lks_engine_out *out, bool logits
     return 0;
   }
   const float *row = out->logits + (size_t)o * s->vocab;
-  if (g) row = lks_grammar_mask(s, r, g, index, row);
+  if (g) row = grammar_mask(s, r, g, index, row);  // JSON mode
   lks_rng rng;
   uint64_t z = r->p.seed + 0x9e3779b97f4a7c15ull * (uint64_t)(index + 1);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
