@@ -146,16 +146,28 @@ oom:
   return lks_api_bad(e, 500, NULL, "out of memory");
 }
 
-bool lks_oai_check_unsupported(const json_t *body, lks_api_err *e) {
+bool lks_oai_response_format(const json_t *body, bool *json_object, lks_api_err *e) {
+  *json_object = false;
   const json_t *rf = json_object_get(body, "response_format");
-  if (rf && !json_is_null(rf)) {
-    const char *ty = json_string_value(json_object_get(rf, "type"));
-    if (!json_is_object(rf) || !ty)
-      return lks_api_bad(e, 400, "response_format", "'response_format' must be {\"type\": ...}");
-    if (strcmp(ty, "text"))
-      return lks_api_bad(e, 400, "response_format", "'response_format' {\"type\": \"%s\"} is not "
-                         "supported (no constrained decoding yet); only \"text\"", ty);
+  if (!rf || json_is_null(rf)) return true;
+  const char *ty = json_string_value(json_object_get(rf, "type"));
+  if (!json_is_object(rf) || !ty)
+    return lks_api_bad(e, 400, "response_format", "'response_format' must be {\"type\": \"text\"} "
+                       "or {\"type\": \"json_object\"}");
+  if (!strcmp(ty, "text")) return true;
+  if (!strcmp(ty, "json_object")) {
+    *json_object = true;
+    return true;
   }
+  if (!strcmp(ty, "json_schema"))
+    return lks_api_bad(e, 400, "response_format", "'response_format' {\"type\": \"json_schema\"} is "
+                       "not supported: the output can be constrained to any JSON object "
+                       "({\"type\": \"json_object\"}), not to a schema");
+  return lks_api_bad(e, 400, "response_format", "'response_format' {\"type\": \"%.100s\"} is not "
+                     "supported; use \"text\" or \"json_object\"", ty);
+}
+
+bool lks_oai_check_unsupported(const json_t *body, lks_api_err *e) {
   static const char *const pen[] = {"presence_penalty", "frequency_penalty"};
   for (int i = 0; i < 2; i++) {
     const json_t *v = json_object_get(body, pen[i]);

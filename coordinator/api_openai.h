@@ -28,9 +28,14 @@ int lks_oai_chat_fmt(const lks_api_ctx *cx, lks_req *r, const json_t *tools, con
                      lks_api_fmt *out);
 
 // Refuses (400 naming the field) what both OpenAI endpoints accept in name but lockstep does not
-// do yet, instead of ignoring it: response_format other than text (no constrained decoding),
-// non-zero presence_penalty / frequency_penalty, a non-empty logit_bias, best_of above 1.
+// do yet, instead of ignoring it: non-zero presence_penalty / frequency_penalty, a non-empty
+// logit_bias, best_of above 1.
 bool lks_oai_check_unsupported(const json_t *body, lks_api_err *e);
+
+// response_format: absent, null or {"type": "text"} (no constraint), {"type": "json_object"}
+// (*json_object: the output is constrained to one JSON object); anything else, json_schema
+// included, is a 400 naming response_format.
+bool lks_oai_response_format(const json_t *body, bool *json_object, lks_api_err *e);
 
 // The usage object of a finished request.
 json_t *lks_oai_usage(const lks_req_news *n);

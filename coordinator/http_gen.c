@@ -135,6 +135,10 @@ static bool parse_common(lks_http *h, json_t *o, lks_req_params *p, long long *m
   }
   lks_api_err ae = {0};
   if (!lks_oai_check_unsupported(o, &ae)) return bad(e, ae.status, ae.param, "%s", ae.msg);
+  if (!lks_oai_response_format(o, &p->json_object, &ae)) return bad(e, ae.status, ae.param, "%s", ae.msg);
+  if (p->json_object && !lks_sched_json_ready(h->sched))
+    return bad(e, 400, "response_format", "'response_format' json_object needs the model's "
+               "tokenizer.json, which this model directory does not have");
   json_t *lp = json_object_get(o, "logprobs");
   if (lp && !json_is_null(lp) && !json_is_false(lp))
     return bad(e, 400, "logprobs", "'logprobs' is not supported");
@@ -240,6 +244,14 @@ static bool parse_chat(lks_http *h, json_t *o, lks_req_params *p, lks__http_verr
   if (!lks_oai_chat_prepare(&h->cx, o, &conv, &tools, &think, &parse_tools, &ae))
     return bad(e, ae.status, ae.param, "%s", ae.msg);
   *parser_tools = parse_tools ? tools : NULL;
+  // JSON mode turns thinking off, as enable_thinking=false does: the constraint then covers the
+  // whole reply, and no reasoning spends the max_tokens the JSON must close within.
+  if (p->json_object && think == 1) {
+    json_decref(conv);
+    return bad(e, 400, "response_format", "'response_format' json_object turns thinking off; it "
+               "cannot be combined with chat_template_kwargs.enable_thinking: true");
+  }
+  if (p->json_object) think = 0;
   p->keep_markup = true;
   char *text;
   size_t len;
@@ -500,6 +512,10 @@ enum MHD_Result lks__http_generate(lks_http *h, struct MHD_Connection *c, lks__h
   bool ok = parse_common(h, o, &p, &max_tokens, &stream, &usage_in_stream, &e) &&
             (chat ? parse_chat(h, o, &p, &e, &tools) : parse_completion(h, o, &p, &e)) &&
             check_length(h, &p, max_tokens, chat ? -1 : 16, &e);
+  // The shortest object, {}, may take two tokens.
+  if (ok && p.json_object && p.max_tokens < 2)
+    ok = bad(&e, 400, "max_tokens", "max_tokens %d: response_format json_object needs at least 2",
+             p.max_tokens);
   if (!ok) {
     free(p.prompt);
     for (int i = 0; i < p.n_stop; i++) free(p.stop[i]);

@@ -108,11 +108,14 @@ lks_req *lks_sched_submit(lks_sched *s, lks_req_params *p, int *err) {
   }
   r->slot = -1;
   r->stop_hit = -1;
+  lks_json_init(&r->js, true);
   r->t_submit = lks_clock();
   r->detok = s->tok ? lks_detok_new(s->tok, true) : NULL;
   if (r->detok && r->p.keep_markup) lks_detok_keep(r->detok, lks_glm_markup, lks_glm_n_markup);
   pthread_mutex_lock(&s->mu);
-  if (s->failed || s->stopping) {
+  if (r->p.json_object && !s->json) {
+    *err = LKS_EINVAL;
+  } else if (s->failed || s->stopping) {
     *err = LKS_EBACKEND;
   } else if (s->q_len >= s->o.max_queue) {
     *err = LKS_EFULL;

@@ -37,6 +37,10 @@ typedef struct lks_req_params {
   int n_stop;
   bool ignore_eos;
   bool keep_markup;  // the text keeps GLM's <think>/<tool_call> markup tokens (for the chat parser)
+  // response_format json_object: every token is picked from those the JSON grammar allows
+  // (text/json_grammar.h), so the output is one JSON object, closed by max_tokens at the latest.
+  // Needs the scheduler's tokenizer (lks_sched_json_ready).
+  bool json_object;
   // Optional: called on the scheduler's thread for each generated token, in order (eos: the
   // token ends the sequence). For callers that step the scheduler themselves.
   void (*on_token)(void *ctx, int32_t tok, bool eos);
@@ -85,7 +89,11 @@ void lks_sched_opts_from(const lks_settings *s, lks_sched_opts *o);
 lks_sched *lks_sched_new(lks_world *w, const lks_tokenizer *tok, const lks_sched_opts *o);
 void lks_sched_free(lks_sched *s);
 
-// Any thread. On success the caller holds one reference (lks_req_release).
+// Whether JSON mode is available (the scheduler has a tokenizer and built its token trie).
+bool lks_sched_json_ready(const lks_sched *s);
+
+// Any thread. On success the caller holds one reference (lks_req_release). A json_object request
+// to a scheduler without JSON mode fails with LKS_EINVAL.
 lks_req *lks_sched_submit(lks_sched *s, lks_req_params *p, int *err);
 // Waits up to timeout_s for news (new text, completion or failure), then reports it.
 void lks_req_read(lks_req *r, double timeout_s, lks_req_news *n);

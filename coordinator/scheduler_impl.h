@@ -20,6 +20,7 @@
 #include "coordinator/scheduler.h"
 #include "proto/lockstep.pb-c.h"
 #include "spec/spec.h"
+#include "text/json_grammar.h"
 #include "text/tokenizer.h"
 
 struct lks_req {
@@ -49,6 +50,7 @@ struct lks_req {
   int n_hist, cap_hist;
   lks_spec_seq seq;  // the proposer's view of this sequence
   lks_policy_seq pol;  // its running acceptance, for the policy
+  lks_json_state js;  // JSON mode: the grammar after the tokens emitted so far
   lks_detok *detok;
   double t_submit, t_last;
   lks_req *next;
@@ -113,6 +115,12 @@ struct lks_sched {
   lks_sched_stats st;
   lks_proposer *proposer;  // NULL when speculation is off
   lks_policy *policy;      // the adaptive K (--spec-gate); NULL: the ladder's K for everyone
+  // JSON mode (scheduler thread): the token trie (NULL without a tokenizer), one row's mask and
+  // the masked copy of a logits row.
+  lks_json_vocab *json;
+  lks_json_cache *json_cache;  // masks by state (most tokens of a string share one)
+  uint64_t *json_mask;  // [lks_json_mask_words]
+  float *json_row;      // [vocab]
   lks__sched_mem m;
 };
 

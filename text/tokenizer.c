@@ -113,6 +113,13 @@ int lks_tokenizer_token_id(const lks_tokenizer *t, const char *s) {
   return -1;
 }
 
+const char *lks_tokenizer_id_bytes(const lks_tokenizer *t, int id, size_t *len) {
+  *len = 0;
+  if (id < 0 || id >= t->n_ids || !(t->flags[id] & (LKS__F_VOCAB | LKS__F_ADDED))) return NULL;
+  *len = t->len[id];
+  return t->arena + t->off[id];
+}
+
 bool lks_tokenizer_is_special(const lks_tokenizer *t, int id) {
   return id >= 0 && id < t->n_ids && (t->flags[id] & LKS__F_SPECIAL);
 }

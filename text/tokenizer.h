@@ -49,6 +49,9 @@ int lks_tokenizer_n_ids(const lks_tokenizer *t);
 // The id of an added token by its content, or of a vocabulary entry as written in tokenizer.json
 // ("Ġthe"); -1 when there is none.
 int lks_tokenizer_token_id(const lks_tokenizer *t, const char *text);
+// The bytes token `id` decodes to (a byte-level token's raw bytes, an added token's content):
+// *len bytes owned by the tokenizer, not NUL-terminated; NULL when `id` has none.
+const char *lks_tokenizer_id_bytes(const lks_tokenizer *t, int id, size_t *len);
 // Whether `id` is an added token marked "special".
 bool lks_tokenizer_is_special(const lks_tokenizer *t, int id);
 // The chat_template string of tokenizer_config.json, or NULL (owned by the tokenizer).

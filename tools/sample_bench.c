@@ -3,13 +3,21 @@
 // sampler it replaced (kept here verbatim as "before"), on the same logits in one run, for greedy,
 // temperature, top-k and top-p settings. Medians of repeated timings.
 //   build/sample_bench [V] [repeats]
+// With --json TOKENIZER (a tokenizer.json or its directory): JSON mode's cost per token at that
+// vocabulary: building the token trie once, then for every token of a JSON reply (encoded with
+// the tokenizer) the mask for the grammar's state there (lks_json_mask) and the masked copy of a
+// row of logits, as the scheduler does before it samples; mean and worst ms per token.
+//   build/sample_bench --json DIR [repeats]
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "core/error.h"
 #include "model/sample.h"
+#include "text/json_grammar.h"
+#include "text/tokenizer.h"
 
 static double now(void) {
   struct timespec t;
@@ -97,7 +105,86 @@ static double ms_per_token(sampler f, float *const *rows, int n_rows, int V, con
   return m;
 }
 
+// A reply of the kind JSON mode produces: nested objects and arrays, escapes, non-ASCII text,
+// numbers, literals, indentation.
+static const char json_doc[] =
+    "{\n  \"name\": \"lockstep\",\n  \"version\": \"0.4.1\",\n  \"models\": [\"GLM-4.5\", "
+    "\"GLM-4.6\", \"GLM-4.5-Air\"],\n  \"limits\": {\"max_tokens\": 4096, \"temperature\": 0.7, "
+    "\"top_p\": 0.95, \"ratio\": -1.5e-3},\n  \"features\": {\"spec\": true, \"mtp\": null, "
+    "\"ngram\": false},\n  \"description\": \"Serve large MoE models \\\"in lockstep\\\" across "
+    "machines; \u00e9t\u00e9 \u4e2d\u6587 caf\u00e9 \\u00e9 \\n\",\n  \"authors\": [{\"id\": 1, "
+    "\"tags\": [[], {}, [1, 2, 3]]}]\n}";
+
+static volatile float sink;
+
+static int json_bench(const char *path, int repeats) {
+  lks_tokenizer *t = lks_tokenizer_load(path);
+  if (!t) {
+    fprintf(stderr, "%s\n", lks_last_error());
+    return 1;
+  }
+  int V = lks_tokenizer_n_ids(t);
+  int32_t eos = V - 1;
+  double t0 = now();
+  lks_json_vocab *v = lks_json_vocab_new(t, V, &eos, 1);
+  double build = now() - t0;
+  int32_t *ids;
+  int n;
+  if (!v || lks_tokenizer_encode(t, json_doc, sizeof json_doc - 1, false, &ids, &n) < 0) return 1;
+  uint64_t *mask = calloc((size_t)lks_json_mask_words(v), sizeof *mask);
+  lks_json_cache *cache = lks_json_cache_new(v, 64);  // as the scheduler keeps it
+  float *row = malloc((size_t)V * sizeof *row), *out = malloc((size_t)V * sizeof *out);
+  for (int i = 0; i < V; i++) row[i] = (float)(i % 97) * 0.01f;
+  double worst = 0, total = 0, worst_c = 0, total_c = 0;
+  double *dts = malloc((size_t)n * repeats * sizeof *dts), *dts_c = malloc((size_t)n * repeats * sizeof *dts_c);
+  int n_dt = 0, n_dt_c = 0;
+  long allowed = 0;
+  for (int rep = 0; rep < 2 * repeats; rep++) {
+    bool cached = rep >= repeats;  // the first passes without the cache, the others through it
+    if (cached) lks_json_cache_free(cache), cache = lks_json_cache_new(v, 64);
+    lks_json_state s;
+    lks_json_init(&s, true);
+    for (int i = 0; i < n; i++) {
+      double a = now();
+      allowed += cached ? lks_json_cache_mask(cache, &s, n - i + 8, mask)
+                        : lks_json_mask(v, &s, n - i + 8, mask);
+      for (int k = 0; k < V; k++) out[k] = (mask[k >> 6] >> (k & 63) & 1) ? row[k] : -INFINITY;
+      double dt = now() - a;
+      *(cached ? &total_c : &total) += dt;
+      if (cached) dts_c[n_dt_c++] = dt;
+      else dts[n_dt++] = dt;
+      if (dt > *(cached ? &worst_c : &worst)) *(cached ? &worst_c : &worst) = dt;
+      if (!lks_json_advance(v, &s, ids[i])) {
+        fprintf(stderr, "token %d of the document refused\n", i);
+        return 1;
+      }
+    }
+  }
+  uint64_t hits, misses;
+  lks_json_cache_stats(cache, &hits, &misses);
+  qsort(dts, (size_t)n_dt, sizeof *dts, cmp_double);
+  qsort(dts_c, (size_t)n_dt_c, sizeof *dts_c, cmp_double);
+  printf("json mode, %s: V = %d, trie built in %.1f ms; %d tokens x %d; mask + masked row, ms/token:\n"
+         "  walk every time  %.3f mean, %.3f median, %.3f worst\n  with the cache   %.3f mean, "
+         "%.3f median, %.3f worst (%llu hits, %llu misses per pass); %.0f tokens allowed on average\n",
+         path, V, build * 1e3, n, repeats, total / (n * repeats) * 1e3, dts[n_dt / 2] * 1e3,
+         worst * 1e3, total_c / (n * repeats) * 1e3, dts_c[n_dt_c / 2] * 1e3, worst_c * 1e3, (unsigned long long)hits,
+         (unsigned long long)misses, (double)allowed / (2.0 * n * repeats));
+  sink = out[ids[0] % V];  // keeps the masked copy from being optimised away
+  free(ids);
+  free(mask);
+  free(dts);
+  free(dts_c);
+  lks_json_cache_free(cache);
+  free(row);
+  free(out);
+  lks_json_vocab_free(v);
+  lks_tokenizer_free(t);
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc > 2 && !strcmp(argv[1], "--json")) return json_bench(argv[2], argc > 3 ? atoi(argv[3]) : 5);
   int V = argc > 1 ? atoi(argv[1]) : 151552, repeats = argc > 2 ? atoi(argv[2]) : 5;
   enum { ROWS = 8 };
   float *rows[ROWS];

@@ -93,7 +93,7 @@ try {
   check(false, "bad arguments refused");
 } catch (e) { check(e.status === 400 && e.param === "messages", `arguments that are not JSON: ${e.status} ${e.message}`); }
 // Not done yet: refused naming the field, never ignored.
-for (const [k, v] of [["response_format", { type: "json_object" }], ["presence_penalty", 0.5], ["frequency_penalty", 1],
+for (const [k, v] of [["response_format", { type: "json_schema", json_schema: { name: "x", schema: {} } }], ["presence_penalty", 0.5], ["frequency_penalty", 1],
                       ["logit_bias", { "5": 10 }]]) {
   try { await oai.chat.completions.create({ ...req, [k]: v }); check(false, `${k} refused`); }
   catch (e) { check(e.status === 400 && e.param === k, `${k}: ${e.status} ${e.param}`); }

@@ -86,6 +86,8 @@ function validBody(chat) {
   if (rnd() < 0.2) o.ignore_eos = true;
   if (rnd() < 0.2) o.return_token_ids = true;
   if (rnd() < 0.1) o.unknown_field = { x: [1, 2, 3] };
+  // JSON mode (it needs room for "{}").
+  if (rnd() < 0.2 && !(o.max_tokens < 2)) o.response_format = { type: pick(["json_object", "json_object", "text"]) };
   return o;
 }
 // The fields a mutation may hit, with the params an error about it may name.
@@ -93,7 +95,7 @@ const fields = {
   prompt: ["prompt"], messages: ["messages"], max_tokens: ["max_tokens"], max_completion_tokens: ["max_completion_tokens", "max_tokens"],
   temperature: ["temperature"], top_p: ["top_p"], top_k: ["top_k"], seed: ["seed"], n: ["n"], stop: ["stop"],
   stream: ["stream"], stream_options: ["stream_options", "include_usage"], ignore_eos: ["ignore_eos"], logprobs: ["logprobs"],
-  model: ["model"], tools: ["tools", "messages"],
+  model: ["model"], tools: ["tools", "messages"], response_format: ["response_format"],
 };
 function mutated(chat) {
   const o = validBody(chat);
