@@ -8,6 +8,8 @@
 #include <math.h>
 #include <stddef.h>
 
+#include "model/sample.h"
+
 bool lks_logits_processed(const lks_logit_params *p) {
   return p->presence != 0 || p->frequency != 0 || p->n_bias > 0 ||
          (p->repetition > 0 && p->repetition != 1);
@@ -60,26 +62,24 @@ void lks_logits_apply(const lks_logit_params *p, const int32_t *hist, int n_prom
 }
 
 void lks_logprobs_row(const float *row, int V, int32_t tok, int k, lks_tok_logprob *out) {
-  float mx = row[0];
-  for (int i = 1; i < V; i++) mx = row[i] > mx ? row[i] : mx;
-  double sum = 0;
-  for (int i = 0; i < V; i++) sum += exp((double)row[i] - mx);
-  double lse = mx + log(sum);
+  double lse = lks_logsumexp(row, V);
   out->lp = (float)((double)row[tok] - lse);
   if (k > LKS_MAX_TOP_LOGPROBS) k = LKS_MAX_TOP_LOGPROBS;
   if (k > V) k = V;
   // The best k, best first; ids grow during the scan, so an equal logit never displaces an
   // earlier one (ties to the lower id).
   int n = 0;
+  float thr = -INFINITY;  // the k-th best so far, once there are k
   for (int i = 0; i < V && k > 0; i++) {
     float l = row[i];
-    if (n == k && !(l > row[out->top_id[k - 1]])) continue;
+    if (n == k && !(l > thr)) continue;
     int j = n < k ? n++ : k - 1;
     while (j > 0 && row[out->top_id[j - 1]] < l) {
       out->top_id[j] = out->top_id[j - 1];
       j--;
     }
     out->top_id[j] = i;
+    if (n == k) thr = row[out->top_id[k - 1]];
   }
   out->n_top = n;
   for (int j = 0; j < n; j++) out->top_lp[j] = (float)((double)row[out->top_id[j]] - lse);
