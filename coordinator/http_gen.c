@@ -398,20 +398,21 @@ static void waker_unref(lks__http_waker *w) {
   free(w);
 }
 
-// Resumes the connection if it is suspended and nobody resumed it yet (under w->mu).
+// Resumes the connection if it is suspended and nobody resumed it yet. The decision is taken
+// under w->mu and libmicrohttpd is called outside it; the generation cannot go away in between,
+// as its connection stays suspended until that call.
 static void waker_resume(lks__http_waker *w) {
-  if (w->g && w->suspended) {
-    w->suspended = false;
-    MHD_resume_connection(w->g->c);
-  }
+  pthread_mutex_lock(&w->mu);
+  struct MHD_Connection *c = w->g && w->suspended ? w->g->c : NULL;
+  w->suspended = false;
+  pthread_mutex_unlock(&w->mu);
+  if (c) MHD_resume_connection(c);
 }
 
 // The waker armed on a request: news arrived, let libmicrohttpd run the connection again.
 static void gen_wake(void *ctx) {
   lks__http_waker *w = ctx;
-  pthread_mutex_lock(&w->mu);
   waker_resume(w);
-  pthread_mutex_unlock(&w->mu);
   waker_unref(w);
 }
 
@@ -441,11 +442,7 @@ static void gen_suspend(lks__http_gen *g, bool until_done) {
       waker_unref(w);
     }
   }
-  if (news) {
-    pthread_mutex_lock(&w->mu);
-    waker_resume(w);
-    pthread_mutex_unlock(&w->mu);
-  }
+  if (news) waker_resume(w);
 }
 
 bool lks__http_gen_all_finished(lks__http_gen *g) {
@@ -458,9 +455,7 @@ void lks__http_gen_abandon(lks__http_gen *g) {
   atomic_store(&g->gone, true);
   for (int i = 0; i < g->n_ch; i++) lks_req_cancel(g->ch[i].req);
   gen_disarm(g);
-  pthread_mutex_lock(&g->wk->mu);
   waker_resume(g->wk);
-  pthread_mutex_unlock(&g->wk->mu);
 }
 
 // The final JSON of a plain completions request that is done.

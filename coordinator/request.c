@@ -228,12 +228,19 @@ bool lks__req_emit(lks_sched *s, lks_req *r, int32_t tok, const lks_tok_logprob 
     r->ids = ids;
     ids[r->n_generated] = tok;
   }
-  if (r->p.lp.logprobs) {
-    lks_tok_logprob *l = realloc(r->lps, (size_t)(r->n_generated + 1) * sizeof *l);
-    if (l) {
-      r->lps = l;
-      if (lp) l[r->n_generated] = *lp;
-      else memset(&l[r->n_generated], 0, sizeof *l);
+  if (r->p.lp.logprobs && r->n_lps == r->n_generated) {  // else one was lost: report no more
+    if (r->n_lps == r->cap_lps) {
+      int cap = r->cap_lps ? 2 * r->cap_lps : 16;
+      lks_tok_logprob *l = realloc(r->lps, (size_t)cap * sizeof *l);
+      if (l) {
+        r->lps = l;
+        r->cap_lps = cap;
+      }
+    }
+    if (r->n_lps < r->cap_lps) {
+      if (lp) r->lps[r->n_lps] = *lp;
+      else memset(&r->lps[r->n_lps], 0, sizeof *r->lps);
+      r->n_lps++;
     }
   }
   r->n_generated++;
@@ -288,7 +295,7 @@ int lks_req_tokens(lks_req *r, int32_t **ids) {
 int lks_req_logprobs(lks_req *r, int from, int to, lks_tok_logprob **out) {
   *out = NULL;
   pthread_mutex_lock(&r->mu);
-  int have = r->lps && r->ids ? r->n_generated : 0;
+  int have = r->ids ? r->n_lps : 0;
   if (to > have) to = have;
   int n = to > from ? to - from : 0;
   if (n) {

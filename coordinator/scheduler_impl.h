@@ -33,7 +33,8 @@ struct lks_req {
   size_t len, cap, delivered, read_off;
   int n_generated;
   int32_t *ids;  // the generated token ids, [n_generated]
-  lks_tok_logprob *lps;  // their reports, [n_generated] when p.lp.logprobs
+  lks_tok_logprob *lps;  // their reports, [n_lps] (n_generated unless out of memory) when p.lp.logprobs
+  int n_lps, cap_lps;
   bool done, failed, cancelled;
   const char *finish;
   int stop_hit;  // the stop string that ended it, or -1

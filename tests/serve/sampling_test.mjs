@@ -169,12 +169,12 @@ check(changed >= 3, `the penalties change the greedy output (${changed} of ${pca
 // Longer runs where speculation meets penalised tokens often: repetitive prompts, penalties
 // that encourage repetition (which the drafters then propose) and ones that discourage it.
 let specRuns = 0, specSame = 0;
-for (const p of [[5, 6, 5, 6, 5, 6], [9, 9, 9, 9], [300, 301, 302, 300, 301, 302], ...prompts])
+for (const p of [[5, 6, 5, 6, 5, 6], [9, 9, 9, 9], [300, 301, 302, 300, 301, 302], prompts[0]])
   for (const extra of [{ frequency_penalty: -1.5 }, { presence_penalty: -1 }, { frequency_penalty: 1, presence_penalty: 0.3 },
                        { repetition_penalty: 0.7 }, { repetition_penalty: 1.5, frequency_penalty: -0.5 }])
     for (const t of [{ temperature: 0 }, { temperature: 0.8, seed: 21 }]) {
       const runs = [];
-      for (const [, c] of servers) runs.push((await c.completions.create({ ...gbody, prompt: p, max_tokens: 32, ...extra, ...t })).choices[0].token_ids);
+      for (const [, c] of servers) runs.push((await c.completions.create({ ...gbody, prompt: p, max_tokens: 24, ...extra, ...t })).choices[0].token_ids);
       specRuns++;
       specSame += runs.every((x) => eq(x, runs[0]));
       if (!runs.every((x) => eq(x, runs[0]))) console.log(`  differs: [${p}] ${JSON.stringify({ ...extra, ...t })}: ${runs.map((x) => JSON.stringify(x)).join(" / ")}`);
