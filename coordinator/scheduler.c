@@ -494,7 +494,8 @@ static int accept(lks_sched *s, int n, const lks_engine_out *out, bool logits) {
       int32_t tok;
       LKS_TRY(pick(s, r, out, logits, o, r->n_generated, NULL, 0, &tok));
       if (r->p.lp.logprobs)
-        lks_logprobs_row(out->logits + (size_t)o * s->vocab, s->vocab, tok, r->p.lp.top_logprobs, &rp->lp[0]);
+        lks_logprobs_row(out->logits + (size_t)o * s->vocab, s->vocab, tok, r->p.lp.top_logprobs,
+                         &rp->lp[0]);
       o++;
       bool first = r->n_generated == 0;
       r->n_fed += nrows;
