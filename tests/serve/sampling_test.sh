@@ -17,7 +17,10 @@ trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$work"' EXI
 common=(serve --model "$model" --threads 1 --max-slots 8 --spec-gate false)
 "$lockstep" "${common[@]}" --port "$port" > "$work/plain.log" 2>&1 &
 pids+=($!)
-mpirun --oversubscribe -np 2 "$lockstep" "${common[@]}" --port $((port + 1)) --spec mtp -k 3 > "$work/mtp.log" 2>&1 &
+# A longer heartbeat: on a loaded machine (the sanitizer stage beside other jobs) a rank can be
+# starved for the default 3 s before the first request arrives; what is tested here is not that.
+mpirun --oversubscribe -np 2 "$lockstep" "${common[@]}" --port $((port + 1)) --spec mtp -k 3 \
+  --heartbeat 3 > "$work/mtp.log" 2>&1 &
 pids+=($!)
 "$lockstep" "${common[@]}" --port $((port + 2)) --spec ngram -k 2 > "$work/ngram.log" 2>&1 &
 pids+=($!)
