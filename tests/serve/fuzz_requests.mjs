@@ -91,11 +91,11 @@ function validBody(chat) {
   if (rnd() < 0.2) o.frequency_penalty = pick([-2, -1, 0, 0.3, 2]);
   if (rnd() < 0.1) o.repetition_penalty = pick([0.5, 1, 1.2, 3]);
   if (rnd() < 0.2) o.logit_bias = Object.fromEntries(Array.from({ length: ri(6) }, () => [String(ri(4000)), pick([-100, -5, 0, 2.5, 100])]));
-  if (rnd() < 0.2) {
-    if (chat) { o.logprobs = true; if (rnd() < 0.7) o.top_logprobs = ri(21); }
+  if (rnd() < 0.1) {
+    if (chat) { o.logprobs = true; if (rnd() < 0.7) o.top_logprobs = pick([0, 1, 3, 20]); }
     else o.logprobs = ri(6);
   }
-  if (rnd() < 0.15) { o.n = 1 + ri(4); if (rnd() < 0.3) o.best_of = o.n; }
+  if (rnd() < 0.1) { o.n = 1 + ri(2); if (rnd() < 0.3) o.best_of = o.n; }
   return o;
 }
 // The fields a mutation may hit, with the params an error about it may name.
@@ -122,7 +122,7 @@ function mutated(chat) {
   else if (f === "prompt" && r < 0.5) v = JSON.stringify(pick([[], [-1], [1e9], [1.5], ["a", "b"], [[1]], ""]));
   else if (f === "logit_bias" && r < 0.6)
     v = JSON.stringify(pick([{ "4096": 1 }, { "-3": 1 }, { "x": 1 }, { "05": 1 }, { "1e3": 1 }, { "5": 101 }, { "5": "1" }, { "5": null },
-                             Object.fromEntries(Array.from({ length: 1500 }, (_, i) => [String(i), 1])), [1], "x"]));
+                             Object.fromEntries(Array.from({ length: 1025 }, (_, i) => [String(i), 1])), [1], "x"]));
   else v = raw(pick(extremes));
   const json = JSON.stringify({ ...o, [f]: "@@V@@" }).replace("\"@@V@@\"", v);
   return { json, field: f, stream: !!o.stream };
