@@ -3,6 +3,7 @@
 // the helpers of api.h that every dialect uses.
 #include "coordinator/api_openai.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -167,20 +168,73 @@ bool lks_oai_response_format(const json_t *body, bool *json_object, lks_api_err 
                      "supported; use \"text\" or \"json_object\"", ty);
 }
 
-bool lks_oai_check_unsupported(const json_t *body, lks_api_err *e) {
-  static const char *const pen[] = {"presence_penalty", "frequency_penalty"};
-  for (int i = 0; i < 2; i++) {
-    const json_t *v = json_object_get(body, pen[i]);
-    if (v && !json_is_null(v) && (!json_is_number(v) || json_number_value(v) != 0))
-      return lks_api_bad(e, 400, pen[i], "'%s' is not supported yet (only 0)", pen[i]);
+// ---- log-probabilities ----
+
+// A token's text (invalid UTF-8 as U+FFFD) and its bytes.
+static void token_text(const lks_tokenizer *tok, int32_t id, json_t **text, json_t **bytes) {
+  size_t n = 0;
+  const char *b = tok ? lks_tokenizer_token_bytes(tok, id, &n) : NULL;
+  if (!b) {
+    char t[32];
+    snprintf(t, sizeof t, "token_id:%d", (int)id);
+    *text = json_string(t);
+    if (bytes) *bytes = json_array();
+    return;
   }
-  const json_t *lb = json_object_get(body, "logit_bias");
-  if (lb && !json_is_null(lb) && (!json_is_object(lb) || json_object_size(lb)))
-    return lks_api_bad(e, 400, "logit_bias", "'logit_bias' is not supported yet (only {})");
-  const json_t *bo = json_object_get(body, "best_of");
-  if (bo && !json_is_null(bo) && !(json_is_integer(bo) && json_integer_value(bo) == 1))
-    return lks_api_bad(e, 400, "best_of", "'best_of' is not supported (only 1)");
-  return true;
+  size_t m = 0;
+  char *u = lks_utf8_sanitize(b, n, &m);
+  *text = u ? json_stringn(u, m) : json_string("");
+  free(u);
+  if (!bytes) return;
+  *bytes = json_array();
+  for (size_t i = 0; i < n; i++) json_array_append_new(*bytes, json_integer((unsigned char)b[i]));
+}
+
+// A log-probability as JSON: -9999 stands for minus infinity (as vLLM writes it).
+static json_t *jlp(float x) { return json_real(isfinite(x) ? (double)x : -9999.0); }
+
+json_t *lks_oai_logprobs_chat(const lks_tokenizer *tok, const int32_t *ids,
+                              const lks_tok_logprob *lp, int n) {
+  json_t *out = json_array();
+  for (int i = 0; i < n; i++) {
+    json_t *t, *b, *top = json_array();
+    for (int j = 0; j < lp[i].n_top; j++) {
+      json_t *tt, *tb;
+      token_text(tok, lp[i].top_id[j], &tt, &tb);
+      json_array_append_new(top, json_pack("{s:o, s:o, s:o}", "token", tt, "logprob",
+                                           jlp(lp[i].top_lp[j]), "bytes", tb));
+    }
+    token_text(tok, ids[i], &t, &b);
+    json_array_append_new(out, json_pack("{s:o, s:o, s:o, s:o}", "token", t, "logprob",
+                                         jlp(lp[i].lp), "bytes", b, "top_logprobs", top));
+  }
+  return out;
+}
+
+void lks_oai_logprobs_legacy(const lks_tokenizer *tok, const int32_t *ids,
+                             const lks_tok_logprob *lp, int n, json_t **legacy, long *text_off) {
+  if (!*legacy)
+    *legacy = json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs",
+                        "text_offset");
+  json_t *L = *legacy;
+  for (int i = 0; i < n; i++) {
+    json_t *t;
+    token_text(tok, ids[i], &t, NULL);
+    size_t len = json_string_length(t);
+    json_array_append_new(json_object_get(L, "tokens"), t);
+    json_array_append_new(json_object_get(L, "token_logprobs"), jlp(lp[i].lp));
+    json_t *top = json_object();
+    for (int j = 0; j < lp[i].n_top; j++) {
+      json_t *tt;
+      token_text(tok, lp[i].top_id[j], &tt, NULL);
+      if (!json_object_get(top, json_string_value(tt)))
+        json_object_set_new(top, json_string_value(tt), jlp(lp[i].top_lp[j]));
+      json_decref(tt);
+    }
+    json_array_append_new(json_object_get(L, "top_logprobs"), top);
+    json_array_append_new(json_object_get(L, "text_offset"), json_integer(*text_off));
+    *text_off += (long)len;
+  }
 }
 
 // ---- the response ----
@@ -212,6 +266,9 @@ typedef struct {
   char id[48];
   long created;
   bool stream, usage, token_ids, sent_role;
+  lks_oai_choice choice;
+  int n_gen;    // tokens generated as of the news being written
+  int lp_sent;  // tokens whose reports a chunk has carried
   const lks_api_sink *out;  // during news()
   sbuf content, reasoning;
   json_t *calls;  // OpenAI tool_calls
@@ -223,10 +280,28 @@ static json_t *envelope(chat *c, const char *object) {
                    c->cx.fingerprint ? c->cx.fingerprint : "lockstep");
 }
 
+// The reports of tokens [from, to) as choices[].logprobs (null without logprobs).
+static json_t *chat_logprobs(chat *c, int from, int to) {
+  if (!c->choice.logprobs) return json_null();
+  lks_tok_logprob *lp = NULL;
+  int32_t *ids = NULL;
+  int n = lks_req_logprobs(c->req, from, to, &lp);
+  int k = lks_req_tokens(c->req, &ids);
+  if (n > k - from) n = k - from > 0 ? k - from : 0;
+  json_t *content = lks_oai_logprobs_chat(c->cx.tok, ids + from, lp, n);
+  free(lp);
+  free(ids);
+  return json_pack("{s:o}", "content", content);
+}
+
 static void put_chunk(chat *c, json_t *delta, const char *finish) {
   json_t *j = envelope(c, "chat.completion.chunk");
-  json_object_set_new(j, "choices", json_pack("[{s:i, s:o, s:n, s:o}]", "index", 0, "delta", delta,
-                                              "logprobs", "finish_reason",
+  // Each chunk carries the reports of the tokens generated since the last one that did.
+  json_t *lp = c->choice.logprobs && c->n_gen > c->lp_sent ? chat_logprobs(c, c->lp_sent, c->n_gen)
+                                                            : json_null();
+  if (c->n_gen > c->lp_sent) c->lp_sent = c->n_gen;
+  json_object_set_new(j, "choices", json_pack("[{s:i, s:o, s:o, s:o}]", "index", c->choice.index,
+                                              "delta", delta, "logprobs", lp, "finish_reason",
                                               finish ? json_string(finish) : json_null()));
   if (c->usage) json_object_set_new(j, "usage", json_null());
   lks_api_put_sse(c->out, NULL, j);
@@ -289,6 +364,7 @@ static void chat_news(void *st, const lks_req_news *n, const lks_api_sink *out) 
     else lks_api_put_json(out, err);
     return;
   }
+  c->n_gen = n->n_generated;
   if (n->len) lks_glm_parser_feed(c->parser, n->text, n->len, on_event, c);
   if (c->stream && !c->sent_role) {  // the first chunk says who speaks, at once
     c->sent_role = true;
@@ -301,6 +377,7 @@ static void chat_news(void *st, const lks_req_news *n, const lks_api_sink *out) 
   if (json_array_size(c->calls) && !strcmp(finish, "stop")) finish = "tool_calls";
   if (c->stream) {
     put_chunk(c, json_object(), finish);
+    if (c->choice.part) return;
     if (c->usage) {
       json_t *u = envelope(c, "chat.completion.chunk");
       json_object_set_new(u, "choices", json_array());
@@ -318,8 +395,9 @@ static void chat_news(void *st, const lks_req_news *n, const lks_api_sink *out) 
   json_object_set(msg, "reasoning_content", r);
   json_object_set_new(msg, "reasoning", r);
   if (calls) json_object_set(msg, "tool_calls", c->calls);
-  json_t *choice = json_pack("{s:i, s:o, s:n, s:s}", "index", 0, "message", msg, "logprobs",
-                             "finish_reason", finish);
+  json_t *choice = json_pack("{s:i, s:o, s:o, s:s}", "index", c->choice.index, "message", msg,
+                             "logprobs", chat_logprobs(c, 0, n->n_generated), "finish_reason",
+                             finish);
   if (c->token_ids) {
     int32_t *ids;
     int k = lks_req_tokens(c->req, &ids);
@@ -347,7 +425,7 @@ static void chat_free(void *st) {
 
 int lks_oai_chat_fmt(const lks_api_ctx *cx, lks_req *r, const json_t *tools, const char *id,
                      long created, bool stream, bool include_usage, bool token_ids,
-                     lks_api_fmt *out) {
+                     const lks_oai_choice *choice, lks_api_fmt *out) {
   chat *c = calloc(1, sizeof *c);
   if (!c) return lks_set_error(LKS_ENOMEM, "out of memory");
   c->cx = *cx;
@@ -360,6 +438,7 @@ int lks_oai_chat_fmt(const lks_api_ctx *cx, lks_req *r, const json_t *tools, con
   c->stream = stream;
   c->usage = include_usage;
   c->token_ids = token_ids;
+  if (choice) c->choice = *choice;
   if (!c->parser || !c->calls || (tools && !c->tools)) {
     chat_free(c);
     return lks_set_error(LKS_ENOMEM, "out of memory");

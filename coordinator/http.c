@@ -338,14 +338,7 @@ static bool peer_closed(int fd) {
   return poll(&pf, 1, 0) > 0 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
-// Ends a waiting generation whose client is gone (under socks_mu): the request is cancelled
-// (its slot is free at the scheduler's next step) and the connection, if suspended, resumed so
-// that libmicrohttpd closes it.
-static void gen_abandon(lks__http_gen *g) {
-  atomic_store(&g->gone, true);
-  lks_req_cancel(g->req);
-  if (lks_req_disarm(g->req)) MHD_resume_connection(g->c);
-}
+static void gen_abandon(lks__http_gen *g) { lks__http_gen_abandon(g); }
 
 static void *watch_main(void *arg) {
   lks_http *h = arg;
@@ -528,7 +521,7 @@ void lks_http_stop(lks_http *h) {
   for (int i = 0; i < 200 && atomic_load(&h->open_responses) > 0; i++) {
     pthread_mutex_lock(&h->socks_mu);
     for (lks__http_sock *sk = h->socks; sk; sk = sk->next)
-      if (sk->g && !atomic_load(&sk->g->finished) && !lks_req_finished(sk->g->req)) gen_abandon(sk->g);
+      if (sk->g && !atomic_load(&sk->g->finished) && !lks__http_gen_all_finished(sk->g)) gen_abandon(sk->g);
     pthread_mutex_unlock(&h->socks_mu);
     usleep(50000);
   }

@@ -79,14 +79,44 @@ typedef struct {
   unsigned status;
 } lks__http_verr;
 
+enum { LKS_MAX_CHOICES = 16 };  // n of an OpenAI request
+
+// One choice of a generation (n > 1: one request each, submitted together).
+typedef struct lks__http_choice {
+  lks_req *req;
+  lks_api_fmt fmt;  // when set, it writes the choice (chat: api_openai.c; messages: api_anthropic.c)
+  bool done;
+  const char *finish;
+  int n_prompt, n_generated, n_cached;
+  char *text;  // plain: the text so far (completions), or the formatter's JSON (chat, n > 1)
+  size_t n_text;
+  int lp_sent;    // completions: tokens whose reports were written
+  long text_off;  // completions: text_offset of the next token
+  json_t *legacy;  // completions, plain: the logprobs object so far
+} lks__http_choice;
+
+// The one-shot wakers armed on a generation's requests (lks_req_arm) point here, not at the
+// generation: it counts one reference for the generation and one per armed waker (exactly one of
+// the waker's call and a successful disarm drops it), so that a waker that fires after the
+// generation is gone finds g NULL instead of freed memory.
+typedef struct lks__http_waker {
+  pthread_mutex_t mu;
+  int refs;
+  lks__http_gen *g;  // NULL once the generation is freed
+  bool suspended;    // the connection is suspended and no waker has resumed it yet
+} lks__http_waker;
+
 // A generation being answered (http_gen.c): owned by its connection (plain) or its response
-// (streamed); the watcher reads `gone`, `finished` and `req` under socks_mu.
+// (streamed); the watcher reads `gone`, `finished` and the requests under socks_mu.
 struct lks__http_gen {
   lks_http *h;
-  lks_req *req;
+  lks__http_choice ch[LKS_MAX_CHOICES];
+  int n_ch;
+  lks__http_waker *wk;
   struct MHD_Connection *c;
   lks__http_sock *sk;
   bool chat, stream, usage, token_ids;
+  int logprobs;  // completions: -1, or the alternatives per token (0..5)
   char id[48];
   long created;
   atomic_bool gone;  // the client left (or the server stops): end without an answer
@@ -95,9 +125,7 @@ struct lks__http_gen {
   size_t out_len, out_off;
   bool sent_role;
   atomic_bool finished;  // everything is produced (read by the watcher)
-  size_t n_text;  // non-stream: the text so far
-  char *text;
-  lks_api_fmt fmt;  // when set, it writes the response (chat: api_openai.c; messages: api_anthropic.c)
+  char error[512];       // why a request failed
 };
 
 // ---- http.c: replies and auth ----
@@ -145,6 +173,12 @@ enum MHD_Result lks__http_gen_respond(lks_http *h, struct MHD_Connection *c, lks
 // Ends a generation's part (a streamed response's free callback, or its connection's end):
 // cancels the request unless it finished. Accepts NULL.
 void lks__http_gen_free(void *cls);
+// Whether every request of g finished (or failed).
+bool lks__http_gen_all_finished(lks__http_gen *g);
+// Ends a waiting generation whose client is gone (under socks_mu): its requests are cancelled
+// (their slots are free at the scheduler's next step) and the connection, if suspended, resumed
+// so that libmicrohttpd closes it.
+void lks__http_gen_abandon(lks__http_gen *g);
 
 // ---- http_admin.c: the other endpoints ----
 

@@ -19,16 +19,24 @@
 #include "core/error.h"
 #include "text/toolcall.h"
 
+void lks_req_params_clear(lks_req_params *p) {
+  free(p->prompt);
+  for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
+  free(p->stop);
+  free(p->lp.bias_ids);
+  free(p->lp.bias);
+  memset(p, 0, sizeof *p);
+}
+
 void lks__req_unref(lks_req *r) {
   pthread_mutex_lock(&r->mu);
   int left = --r->refs;
   pthread_mutex_unlock(&r->mu);
   if (left) return;
-  free(r->p.prompt);
-  for (int i = 0; i < r->p.n_stop; i++) free(r->p.stop[i]);
-  free(r->p.stop);
+  lks_req_params_clear(&r->p);
   free(r->text);
   free(r->ids);
+  free(r->lps);
   free(r->hist);
   lks_detok_free(r->detok);
   pthread_mutex_destroy(&r->mu);
@@ -204,7 +212,7 @@ static void req_text(lks_req *r, int32_t tok) {
   }
 }
 
-bool lks__req_emit(lks_sched *s, lks_req *r, int32_t tok) {
+bool lks__req_emit(lks_sched *s, lks_req *r, int32_t tok, const lks_tok_logprob *lp) {
   const lks_config *c = lks_model_config(s->w->model);
   double t = lks_clock();
   pthread_mutex_lock(&s->mu);
@@ -222,6 +230,21 @@ bool lks__req_emit(lks_sched *s, lks_req *r, int32_t tok) {
   if (ids) {
     r->ids = ids;
     ids[r->n_generated] = tok;
+  }
+  if (r->p.lp.logprobs && r->n_lps == r->n_generated) {  // else one was lost: report no more
+    if (r->n_lps == r->cap_lps) {
+      int cap = r->cap_lps ? 2 * r->cap_lps : 16;
+      lks_tok_logprob *l = realloc(r->lps, (size_t)cap * sizeof *l);
+      if (l) {
+        r->lps = l;
+        r->cap_lps = cap;
+      }
+    }
+    if (r->n_lps < r->cap_lps) {
+      if (lp) r->lps[r->n_lps] = *lp;
+      else memset(&r->lps[r->n_lps], 0, sizeof *r->lps);
+      r->n_lps++;
+    }
   }
   r->n_generated++;
   bool eos = false;
@@ -270,4 +293,19 @@ int lks_req_tokens(lks_req *r, int32_t **ids) {
   if (*ids && n) memcpy(*ids, r->ids, (size_t)n * sizeof **ids);
   pthread_mutex_unlock(&r->mu);
   return *ids ? n : 0;
+}
+
+int lks_req_logprobs(lks_req *r, int from, int to, lks_tok_logprob **out) {
+  *out = NULL;
+  pthread_mutex_lock(&r->mu);
+  int have = r->ids ? r->n_lps : 0;
+  if (to > have) to = have;
+  int n = to > from ? to - from : 0;
+  if (n) {
+    *out = malloc((size_t)n * sizeof **out);
+    if (*out) memcpy(*out, r->lps + from, (size_t)n * sizeof **out);
+    else n = 0;
+  }
+  pthread_mutex_unlock(&r->mu);
+  return n;
 }

@@ -62,7 +62,7 @@ static int submit_for_proposer(void *ctx, Lockstep__Command *cmd, const int32_t 
   return 0;
 }
 
-static int mem_new(lks__sched_mem *m, int n) {
+static int mem_new(lks__sched_mem *m, int n, int vocab) {
   size_t N = (size_t)n, R = (size_t)(LKS_MAX_DRAFTS + 1);
   m->to_free = calloc(N, sizeof *m->to_free);
   m->to_alloc = calloc(N, sizeof *m->to_alloc);
@@ -83,10 +83,12 @@ static int mem_new(lks__sched_mem *m, int n) {
   m->idx = calloc(N, sizeof *m->idx);
   m->ntmp = calloc(N, sizeof *m->ntmp);
   m->dtmp = calloc(N * LKS_MAX_DRAFTS, sizeof *m->dtmp);
+  m->row = calloc((size_t)vocab, sizeof *m->row);
+  m->counts = calloc((size_t)vocab, sizeof *m->counts);
   bool ok = m->to_free && m->to_alloc && m->dseq && m->dreq && m->drafts && m->n_d && m->kcap &&
             m->kscratch && m->pseq && m->st &&
             m->seqs && m->rows && m->tok && m->c_slot && m->c_keep &&
-            m->sub && m->idx && m->ntmp && m->dtmp;
+            m->sub && m->idx && m->ntmp && m->dtmp && m->row && m->counts;
   return ok ? 0 : lks_set_error(LKS_ENOMEM, "scheduler: out of memory for %d slots", n);
 }
 
@@ -110,6 +112,8 @@ static void mem_free(lks__sched_mem *m) {
   free(m->idx);
   free(m->ntmp);
   free(m->dtmp);
+  free(m->row);
+  free(m->counts);
 }
 
 static void slot_release(lks_sched *s, int i);
@@ -152,7 +156,7 @@ lks_sched *lks_sched_new(lks_world *w, const lks_tokenizer *tok, const lks_sched
     lks_set_error(LKS_ENOMEM, "scheduler: out of memory");
     goto fail;
   }
-  if (mem_new(&s->m, s->n_slots) < 0) goto fail;
+  if (mem_new(&s->m, s->n_slots, s->vocab) < 0) goto fail;
   static const double lat[LKS_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                                0.1,   0.25,   0.5,   1,    2.5,   10};
   hist_init(&s->st.ttft, lat);
@@ -470,8 +474,9 @@ static int forward(lks_sched *s, int n_dec, lks_engine_out *out, bool *any_prefi
       rp->emits = true;
       any_verify |= nd > 0;
     }
-    // JSON mode masks the logits row before it picks, greedy requests too.
-    *logits |= rp->emits && (r->p.sampling.temperature > 0 || r->p.json_object);
+    // JSON mode and the logit processors change the row before it picks, greedy requests too.
+    *logits |= rp->emits && (r->p.sampling.temperature > 0 || r->p.json_object ||
+                             lks_logits_needed(&r->p.lp));
     m->seqs[n++] = st;
   }
   if (n == 0) return 0;
@@ -515,16 +520,25 @@ static const float *grammar_mask(lks_sched *s, const lks_req *r, const lks_json_
 }
 
 // The token of output row o, the request's `index`-th generated token: the arg-max, or a sample
-// under the request's settings. A sample draws from a generator seeded by (seed, index) alone,
-// so a request's tokens depend neither on its batch nor on speculation. g: the JSON grammar's
-// state before this token (JSON mode), else NULL.
+// under the request's settings, of the row after the request's logit processors (logits.h),
+// which count the tokens generated before it: the request's, then the verify's drafts
+// extra[0, n_extra). A sample draws from a generator seeded by (seed, index) alone, so a
+// request's tokens depend neither on its batch nor on speculation. g: the JSON grammar's state
+// before this token (JSON mode), else NULL; its mask applies after the processors.
 static int pick(lks_sched *s, lks_req *r, const lks_engine_out *out, bool logits, int o,
-                int index, const lks_json_state *g, int32_t *tok) {
+                int index, const lks_json_state *g, const int32_t *extra, int n_extra,
+                int32_t *tok) {
   if (!logits) {
     *tok = out->tokens[o];
     return 0;
   }
   const float *row = out->logits + (size_t)o * s->vocab;
+  if (lks_logits_processed(&r->p.lp)) {
+    memcpy(s->m.row, row, (size_t)s->vocab * sizeof *row);
+    lks_logits_apply(&r->p.lp, r->hist, r->p.n_prompt, r->hist ? r->n_hist : 0, extra, n_extra,
+                     s->m.row, s->vocab, s->m.counts);
+    row = s->m.row;
+  }
   if (g) row = grammar_mask(s, r, g, index, row);  // JSON mode
   lks_rng rng;
   uint64_t z = r->p.seed + 0x9e3779b97f4a7c15ull * (uint64_t)(index + 1);
@@ -554,7 +568,7 @@ static int verify(lks_sched *s, lks_req *r, const int32_t *d, int nd, const lks_
   lks_json_state g = r->js;
   const lks_json_state *gp = r->p.json_object ? &g : NULL;
   for (int j = 0; j <= nd; j++) {
-    LKS_TRY(pick(s, r, out, logits, o + j, r->n_generated + j, gp, &target[j]));
+    LKS_TRY(pick(s, r, out, logits, o + j, r->n_generated + j, gp, d, j, &target[j]));
     if (j == nd || target[j] != d[j]) break;
     if (gp && !lks_json_advance(s->json, &g, d[j])) break;  // (the row's token: never refused)
   }
@@ -585,7 +599,12 @@ static int accept(lks_sched *s, int n, const lks_engine_out *out, bool logits) {
     }
     if (rp->nd == 0) {
       int32_t tok;
-      LKS_TRY(pick(s, r, out, logits, o++, r->n_generated, r->p.json_object ? &r->js : NULL, &tok));
+      LKS_TRY(pick(s, r, out, logits, o, r->n_generated, r->p.json_object ? &r->js : NULL, NULL,
+                   0, &tok));
+      if (r->p.lp.logprobs)
+        lks_logprobs_row(out->logits + (size_t)o * s->vocab, s->vocab, tok, r->p.lp.top_logprobs,
+                         &rp->lp[0]);
+      o++;
       bool first = r->n_generated == 0;
       r->n_fed += nrows;
       r->last = tok;
@@ -601,6 +620,10 @@ static int accept(lks_sched *s, int n, const lks_engine_out *out, bool logits) {
     int32_t bonus = -1;
     int a = verify(s, r, d, rp->nd, out, logits, o, &bonus);
     if (a < 0) return a;
+    // The reports of the emitted tokens, each from its own verify row (the raw logits).
+    for (int j = 0; j <= a && r->p.lp.logprobs; j++)
+      lks_logprobs_row(out->logits + (size_t)(o + j) * s->vocab, s->vocab, j < a ? d[j] : bonus,
+                       r->p.lp.top_logprobs, &rp->lp[j]);
     o += nrows;
     pthread_mutex_lock(&s->mu);
     for (int j = 0; j < rp->nd; j++) {
@@ -634,7 +657,7 @@ static int emit(lks_sched *s, int n, bool *speculated) {
     *speculated |= rp->nd > 0;
     for (int j = 0; j < rp->n_out; j++) {
       produced += decode;
-      if (lks__req_emit(s, rp->r, rp->out[j])) break;
+      if (lks__req_emit(s, rp->r, rp->out[j], rp->r->p.lp.logprobs ? &rp->lp[j] : NULL)) break;
     }
   }
   return produced;

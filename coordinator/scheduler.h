@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "coordinator/logits.h"
 #include "core/settings.h"
 #include "model/sample.h"
 #include "spec/spec.h"
@@ -33,6 +34,7 @@ typedef struct lks_req_params {
   int max_tokens;
   lks_sampling sampling;
   uint64_t seed;
+  lks_logit_params lp;  // processors and logprobs (coordinator/logits.h); zeros: none
   char **stop;      // stop strings (owned by the request after submit), n_stop of them
   int n_stop;
   bool ignore_eos;
@@ -46,6 +48,10 @@ typedef struct lks_req_params {
   void (*on_token)(void *ctx, int32_t tok, bool eos);
   void *on_token_ctx;
 } lks_req_params;
+
+// Frees what a lks_req_params owns (prompt, stop strings, logit_bias) and zeroes it: for a caller
+// whose parameters never reached lks_sched_submit, or that it left behind.
+void lks_req_params_clear(lks_req_params *p);
 
 // What the HTTP side reads: the text produced since its last read, and where the request is.
 typedef struct lks_req_news {
@@ -99,6 +105,9 @@ lks_req *lks_sched_submit(lks_sched *s, lks_req_params *p, int *err);
 void lks_req_read(lks_req *r, double timeout_s, lks_req_news *n);
 // A copy of the generated token ids so far (*ids malloc'd; the caller frees); returns how many.
 int lks_req_tokens(lks_req *r, int32_t **ids);
+// A copy of the reports of generated tokens [from, to) of a request that asked for logprobs
+// (*out malloc'd; the caller frees); returns how many (fewer when fewer are there, 0 without).
+int lks_req_logprobs(lks_req *r, int from, int to, lks_tok_logprob **out);
 // The seed the request samples with (fixed at submit).
 uint64_t lks_req_seed(const lks_req *r);
 // Whether the request finished (or failed).

@@ -34,6 +34,8 @@ struct lks_req {
   size_t len, cap, delivered, read_off;
   int n_generated;
   int32_t *ids;  // the generated token ids, [n_generated]
+  lks_tok_logprob *lps;  // their reports, [n_lps] (n_generated unless out of memory) when p.lp.logprobs
+  int n_lps, cap_lps;
   bool done, failed, cancelled;
   const char *finish;
   int stop_hit;  // the stop string that ended it, or -1
@@ -72,6 +74,7 @@ typedef struct lks__sched_row {
   // Filled by accept: the tokens to emit (accepted drafts, then the bonus).
   int32_t out[LKS_MAX_DRAFTS + 1];
   int n_out;
+  lks_tok_logprob lp[LKS_MAX_DRAFTS + 1];  // their reports, when the request asked for logprobs
 } lks__sched_row;
 
 // Working memory of one step, sized from --max-slots.
@@ -91,6 +94,8 @@ typedef struct lks__sched_mem {
   lks_spec_seq **sub;             // [n_slots] the sequences of one propose or catch-up
   int *idx, *ntmp;                // [n_slots]
   int32_t *dtmp;                  // [n_slots * LKS_MAX_DRAFTS] one propose's drafts
+  float *row;                     // [vocab] a row's logits after the request's processors
+  int32_t *counts;                // [vocab] zeros: the processors' token counts
 } lks__sched_mem;
 
 struct lks_sched {
@@ -135,8 +140,9 @@ void lks__sched_hist_add(lks_hist *h, double v);
 
 // Drops one reference; the last one frees the request.
 void lks__req_unref(lks_req *r);
-// A generated token for a request (scheduler thread). Returns true when the request finished.
-bool lks__req_emit(lks_sched *s, lks_req *r, int32_t tok);
+// A generated token for a request (scheduler thread), with its report when the request asked for
+// logprobs (else lp may be NULL). Returns true when the request finished.
+bool lks__req_emit(lks_sched *s, lks_req *r, int32_t tok, const lks_tok_logprob *lp);
 // Ends a request with an error (`why`), waking its reader.
 void lks__req_fail(lks_req *r, const char *why);
 #endif

@@ -126,6 +126,29 @@ weights(const float *l, int n, float mx, float inv_t, float *w) {
   return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
 }
 
+// sum of exp(l[i] - mx) over i < n, in the order weights() sums (eight partial sums in double,
+// then a fixed tree), through a small buffer so that the exponentials vectorise as there.
+LKS_VECTORIZE_NO_CONTRACT __attribute__((target_clones("avx512f", "avx2", "default"))) static double
+sum_exp(const float *l, int n, float mx) {
+  enum { CHUNK = 1024 };
+  float w[CHUNK];
+  double s[8] = {0};
+  for (int at = 0; at < n; at += CHUNK) {
+    int m = n - at < CHUNK ? n - at : CHUNK;
+    for (int i = 0; i < m; i++) w[i] = exp_le0(l[at + i] - mx);
+    int i = 0;
+    for (; i + 8 <= m; i += 8)
+      for (int j = 0; j < 8; j++) s[j] += w[i + j];
+    for (; i < m; i++) s[0] += w[i];
+  }
+  return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
+double lks_logsumexp(const float *logits, int V) {
+  float mx = logits[lks_argmax(logits, V)];
+  return (double)mx + log(sum_exp(logits, V, mx));
+}
+
 typedef struct {
   float l;
   int i;

@@ -27,6 +27,10 @@ double lks_rng_uniform(lks_rng *r);
 // Index of the largest value (ties: lowest index).
 int lks_argmax(const float *x, int n);
 
+// log(sum exp(logits)) over V tokens (the normaliser of log_softmax), in one vectorised pass;
+// relative error of each term below 2e-7.
+double lks_logsumexp(const float *logits, int V);
+
 // The sampling distribution over V tokens after temperature, top-k and top-p (zeros outside the
 // kept set; sums to 1). For temperature 0, a one-hot at the arg-max. Returns 0 or LKS_ENOMEM.
 int lks_sampling_probs(const float *logits, int V, const lks_sampling *p, float *probs);

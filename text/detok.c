@@ -105,3 +105,10 @@ int lks__detok_decode(const lks_tokenizer *t, const int32_t *ids, int n, bool sk
   if (len) *len = d.out.n;
   return 0;
 }
+
+const char *lks_tokenizer_token_bytes(const lks_tokenizer *t, int id, size_t *len) {
+  *len = 0;
+  if (id < 0 || id >= t->n_ids || !(t->flags[id] & (LKS__F_VOCAB | LKS__F_ADDED))) return NULL;
+  *len = t->len[id];
+  return t->arena + t->off[id];
+}

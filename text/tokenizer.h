@@ -68,6 +68,11 @@ int lks_tokenizer_encode(const lks_tokenizer *t, const char *text, size_t len, b
 int lks_tokenizer_decode(const lks_tokenizer *t, const int32_t *ids, int n, bool skip_special,
                          char **text, size_t *len);
 
+// The bytes token `id` stands for, as decode would emit them before UTF-8 validation (a
+// byte-level token may hold part of a character); NULL when id is not in the vocabulary. Points
+// into t (valid while t is).
+const char *lks_tokenizer_token_bytes(const lks_tokenizer *t, int id, size_t *len);
+
 // Streaming decode: push ids one at a time; each push hands back the text that is now complete
 // (possibly empty). Bytes of a character split across tokens are held until the character is
 // whole; bytes that can never form one become U+FFFD exactly where lks_tokenizer_decode() would

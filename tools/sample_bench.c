@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
 // Sampling speed at GLM's vocabulary size: ms per token of lks_sample against the full-sort
 // sampler it replaced (kept here verbatim as "before"), on the same logits in one run, for greedy,
-// temperature, top-k and top-p settings. Medians of repeated timings.
+// temperature, top-k and top-p settings; then what a request's logit processing adds per row
+// (coordinator/logits.h: the copy of the row and every processor, over a 2,048-token sequence
+// with 300 biases) and its logprobs report. Medians of repeated timings.
 //   build/sample_bench [V] [repeats]
 // With --json TOKENIZER (a tokenizer.json or its directory): JSON mode's cost per token at that
 // vocabulary: building the token trie once, then for every token of a JSON reply (encoded with
@@ -15,6 +17,7 @@
 #include <time.h>
 
 #include "core/error.h"
+#include "coordinator/logits.h"
 #include "model/sample.h"
 #include "text/json_grammar.h"
 #include "text/tokenizer.h"
@@ -215,6 +218,50 @@ int main(int argc, char **argv) {
     double a = ms_per_token(lks_sample, rows, ROWS, V, &cases[c].p, 64, repeats, &check);
     printf("%-26s %10.3f %10.3f %7.0fx\n", cases[c].name, b, a, b / a);
   }
+  // Logit processing: what pick() adds to a row of a request that uses it.
+  enum { HIST = 2048, PROMPT = 1024, BIASES = 300, REPS = 200 };
+  int32_t *hist = malloc(HIST * sizeof *hist), *counts = calloc((size_t)V, sizeof *counts);
+  float *row = malloc((size_t)V * sizeof *row);
+  lks_logit_params lp = {.presence = 0.5f, .frequency = 0.3f, .repetition = 1.2f, .n_bias = BIASES};
+  lp.bias_ids = malloc(BIASES * sizeof *lp.bias_ids);
+  lp.bias = malloc(BIASES * sizeof *lp.bias);
+  for (int i = 0; i < HIST; i++) {  // repeats, as text has them
+    g = g * 6364136223846793005ull + 1442695040888963407ull;
+    hist[i] = (int32_t)((g >> 33) % (uint64_t)(i < 64 ? V : 4096));
+  }
+  for (int i = 0; i < BIASES; i++) {
+    lp.bias_ids[i] = (int32_t)((i * 104729) % V);
+    lp.bias[i] = (float)(i % 11) - 5;
+  }
+  double tp[16], tl0[16], tl20[16];
+  int R = repeats < 16 ? repeats : 16;
+  lks_tok_logprob rep;
+  for (int k = 0; k < R; k++) {
+    double t0 = now();
+    for (int d = 0; d < REPS; d++) {
+      memcpy(row, rows[d % ROWS], (size_t)V * sizeof *row);
+      lks_logits_apply(&lp, hist, PROMPT, HIST, hist, 3, row, V, counts);
+      check += row[d] > 100;
+    }
+    tp[k] = (now() - t0) / REPS * 1e3;
+    t0 = now();
+    for (int d = 0; d < REPS; d++) lks_logprobs_row(rows[d % ROWS], V, d, 0, &rep);
+    tl0[k] = (now() - t0) / REPS * 1e3;
+    t0 = now();
+    for (int d = 0; d < REPS; d++) lks_logprobs_row(rows[d % ROWS], V, d, 20, &rep);
+    tl20[k] = (now() - t0) / REPS * 1e3;
+  }
+  qsort(tp, (size_t)R, sizeof *tp, cmp_double);
+  qsort(tl0, (size_t)R, sizeof *tl0, cmp_double);
+  qsort(tl20, (size_t)R, sizeof *tl20, cmp_double);
+  printf("\nlogit processing per row (ms): all processors, %d-token sequence, %d biases (with the "
+         "copy of the row) %.3f; logprobs %.3f; with top_logprobs 20 %.3f\n", HIST, BIASES,
+         tp[R / 2], tl0[R / 2], tl20[R / 2]);
+  free(hist);
+  free(counts);
+  free(row);
+  free(lp.bias_ids);
+  free(lp.bias);
   for (int r = 0; r < ROWS; r++) free(rows[r]);
   return check == -1;  // keeps the draws from being optimised away
 }

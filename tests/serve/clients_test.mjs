@@ -93,13 +93,15 @@ try {
   check(false, "bad arguments refused");
 } catch (e) { check(e.status === 400 && e.param === "messages", `arguments that are not JSON: ${e.status} ${e.message}`); }
 // Not done yet: refused naming the field, never ignored.
-for (const [k, v] of [["response_format", { type: "json_schema", json_schema: { name: "x", schema: {} } }], ["presence_penalty", 0.5], ["frequency_penalty", 1],
-                      ["logit_bias", { "5": 10 }]]) {
+for (const [k, v] of [["response_format", { type: "json_schema", json_schema: { name: "x", schema: {} } }]]) {
   try { await oai.chat.completions.create({ ...req, [k]: v }); check(false, `${k} refused`); }
   catch (e) { check(e.status === 400 && e.param === k, `${k}: ${e.status} ${e.param}`); }
 }
 check((await oai.chat.completions.create({ ...req, response_format: { type: "text" }, presence_penalty: 0 })).choices.length === 1,
       "response_format text and zero penalties are served");
+// Served since issue 18 (tests/serve/sampling_test.mjs checks their values).
+check((await oai.chat.completions.create({ ...req, presence_penalty: 0.5, frequency_penalty: 1, logit_bias: { "5": 10 } })).choices.length === 1,
+      "penalties and logit_bias are served");
 // Thinking off: the template's /nothink and empty think block make the prompt longer.
 const off = await oai.chat.completions.create({ ...req, chat_template_kwargs: { enable_thinking: false } });
 check(off.usage.prompt_tokens > r1.usage.prompt_tokens && off.choices[0].message.reasoning_content === null,

@@ -88,6 +88,16 @@ function validBody(chat) {
   if (rnd() < 0.1) o.unknown_field = { x: [1, 2, 3] };
   // JSON mode (it needs room for "{}").
   if (rnd() < 0.2 && !(o.max_tokens < 2)) o.response_format = { type: pick(["json_object", "json_object", "text"]) };
+  // Logit processing and reporting (issue 18).
+  if (rnd() < 0.2) o.presence_penalty = pick([-2, -0.5, 0, 0.7, 2]);
+  if (rnd() < 0.2) o.frequency_penalty = pick([-2, -1, 0, 0.3, 2]);
+  if (rnd() < 0.1) o.repetition_penalty = pick([0.5, 1, 1.2, 3]);
+  if (rnd() < 0.2) o.logit_bias = Object.fromEntries(Array.from({ length: ri(6) }, () => [String(ri(4000)), pick([-100, -5, 0, 2.5, 100])]));
+  if (rnd() < 0.1) {
+    if (chat) { o.logprobs = true; if (rnd() < 0.7) o.top_logprobs = pick([0, 1, 3, 20]); }
+    else o.logprobs = ri(6);
+  }
+  if (rnd() < 0.1) { o.n = 1 + ri(2); if (rnd() < 0.3) o.best_of = o.n; }
   return o;
 }
 // The fields a mutation may hit, with the params an error about it may name.
@@ -96,7 +106,11 @@ const fields = {
   temperature: ["temperature"], top_p: ["top_p"], top_k: ["top_k"], seed: ["seed"], n: ["n"], stop: ["stop"],
   stream: ["stream"], stream_options: ["stream_options", "include_usage"], ignore_eos: ["ignore_eos"], logprobs: ["logprobs"],
   model: ["model"], tools: ["tools", "messages"], response_format: ["response_format"],
+  presence_penalty: ["presence_penalty"], frequency_penalty: ["frequency_penalty"], repetition_penalty: ["repetition_penalty"],
+  logit_bias: ["logit_bias"], top_logprobs: ["top_logprobs", "logprobs"], best_of: ["best_of", "n"],
 };
+fields.logprobs = ["logprobs", "top_logprobs"];
+fields.n = ["n", "best_of"];
 function mutated(chat) {
   const o = validBody(chat);
   let f = pick(Object.keys(fields));
@@ -108,6 +122,9 @@ function mutated(chat) {
   if (f === "stop" && r < 0.5) v = JSON.stringify(Array.from({ length: ri(7) }, () => pick(["", "x".repeat(300), text(2), 5, null])));
   else if (f === "messages" && r < 0.5) v = JSON.stringify(pick([[], [{}], [{ role: "bogus", content: "x" }], [{ role: "user", content: 5 }], [{ role: "assistant", tool_calls: [{ function: { name: "f", arguments: "[1]" } }] }], "x"]));
   else if (f === "prompt" && r < 0.5) v = JSON.stringify(pick([[], [-1], [1e9], [1.5], ["a", "b"], [[1]], ""]));
+  else if (f === "logit_bias" && r < 0.6)
+    v = JSON.stringify(pick([{ "4096": 1 }, { "-3": 1 }, { "x": 1 }, { "05": 1 }, { "1e3": 1 }, { "5": 101 }, { "5": "1" }, { "5": null },
+                             Object.fromEntries(Array.from({ length: 1025 }, (_, i) => [String(i), 1])), [1], "x"]));
   else v = raw(pick(extremes));
   const json = JSON.stringify({ ...o, [f]: "@@V@@" }).replace("\"@@V@@\"", v);
   return { json, field: f, stream: !!o.stream };
