@@ -63,9 +63,10 @@ typedef struct lks_proposer_ops {
 struct lks_proposer {
   const lks_proposer_ops *ops;
   lks_submitter sub;
+  int block;  // dflash: the drafter's block size (drafts per propose: at most block - 1)
 };
 
-// "mtp" or "ngram"; NULL with an error for anything else (or "mtp" on a model without one).
+// "mtp", "ngram" or "dflash" (the model's attached DFlash drafter); NULL with an error for anything else (or "mtp" on a model without one).
 // Collective proposers run their commands through `sub`.
 lks_proposer *lks_proposer_new(const char *name, const lks_model *m, lks_submitter sub);
 void lks_proposer_free(lks_proposer *p);
