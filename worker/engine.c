@@ -140,7 +140,7 @@ void lks_engine_free(lks_engine *e) {
 lks_model *lks_engine_model(const lks_engine *e) { return e->m; }
 void lks_engine_free_blocks(const lks_engine *e, int *target, int *drafter) {
   *target = lks_kv_free_blocks(e->kv);
-  *drafter = e->mkv ? lks_kv_free_blocks(e->mkv) : 0;
+  *drafter = e->dkv ? lks_kv_free_blocks(e->dkv) : e->mkv ? lks_kv_free_blocks(e->mkv) : 0;
 }
 int lks_engine_slot_len(const lks_engine *e, int slot) {
   return slot >= 0 && slot < e->max_slots ? lks_kv_seq_len(e->kv, slot) : -1;
