@@ -334,6 +334,11 @@ lks_proposer *lks_proposer_new(const char *name, const lks_model *m, lks_submitt
     lks_set_error(LKS_EINVAL, "--spec '%s': expected off, mtp, ngram or dflash", name);
     return NULL;
   }
+  if (ops == &mtp_ops && lks_model_dflash(m)) {
+    // Forwards that keep hidden states feed the attached DFlash drafter, not the MTP layer.
+    lks_set_error(LKS_EUNSUPPORTED, "--spec mtp: this world runs a DFlash drafter (started with --spec dflash)");
+    return NULL;
+  }
   if (ops == &dflash_ops && !lks_model_dflash(m)) {
     lks_set_error(LKS_EUNSUPPORTED, "--spec dflash: no DFlash drafter is loaded (--draft-model)");
     return NULL;

@@ -178,6 +178,35 @@ int main(int argc, char **argv) {
     printf("K=%d: at most %d drafts proposed (%s)\n", kmax + 1, kmax, refused ? "ok" : "FAIL");
     failures += !refused;
   }
+  // Malformed proposes are refused on rank 0 before they are sent (every worker checks the same).
+  {
+    int32_t tok = 5;
+    Lockstep__SlotTokens st = LOCKSTEP__SLOT_TOKENS__INIT;
+    Lockstep__SlotTokens *sts[1] = {&st};
+    st.slot = 0;
+    st.start_pos = 5;
+    st.tokens = &tok;
+    st.n_tokens = 1;
+    Lockstep__MtpPropose mp = LOCKSTEP__MTP_PROPOSE__INIT;
+    mp.seqs = sts;
+    mp.n_seqs = 1;
+    mp.n_drafts = 1;
+    Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
+    cmd.type = LOCKSTEP__CMD_TYPE__EP_CMD_DFLASH_PROPOSE;
+    cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_PROPOSE;
+    cmd.propose = &mp;
+    bool unalloc = lks_world_submit(w, &cmd, NULL) < 0 && strstr(lks_last_error(), "not allocated");
+    uint32_t slot0 = 0;
+    if (lks_world_slots(w, LOCKSTEP__CMD_TYPE__EP_CMD_ALLOC_SLOT, &slot0, 1) < 0) goto fail;
+    bool gap = lks_world_submit(w, &cmd, NULL) < 0 && strstr(lks_last_error(), "its context holds 0");
+    mp.n_drafts = (uint32_t)kmax + 1;
+    st.start_pos = 0;
+    bool over = lks_world_submit(w, &cmd, NULL) < 0 && strstr(lks_last_error(), "the block and the levers");
+    if (lks_world_slots(w, LOCKSTEP__CMD_TYPE__EP_CMD_FREE_SLOT, &slot0, 1) < 0) goto fail;
+    printf("refused: propose on a free slot (%s), past the context (%s), beyond the block (%s)\n",
+           unalloc ? "ok" : "FAIL", gap ? "ok" : "FAIL", over ? "ok" : "FAIL");
+    failures += !unalloc + !gap + !over;
+  }
   free(base.tok);
   free(got.tok);
   lks_world_stop(w);
