@@ -735,7 +735,7 @@ static uint64_t step_key(const lks_model *m, const lks_kv_cache *kv, const lks_b
   uint64_t k = 1469598103934665603ull;
   uint64_t parts[] = {(uint64_t)b->n,        (uint64_t)b->n_out,       (uint64_t)n_seqs,
                       (uint64_t)rows->max_blocks, (uint64_t)(uintptr_t)kv, (uint64_t)m->a.cap,
-                      (uint64_t)logits};
+                      (uint64_t)logits, (uint64_t)(uintptr_t)m->cap};  // the DFlash capture buffer
   for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) k = (k ^ parts[i]) * 1099511628211ull;
   return k ? k : 1;
 }
