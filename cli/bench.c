@@ -234,6 +234,17 @@ int lks_cmd_bench(lks_settings *s) {
   const lks_config *c = lks_model_config(w->model);
   int n_pre = (int)lks_settings_int(s, "prefill-len"), n_dec = (int)lks_settings_int(s, "decode-len");
   int reps = (int)lks_settings_int(s, "repeats");
+  // --prompt-ids, when given, is the prompt (real text drafts as speculation would on it; the
+  // default random ids accept almost nothing with a trained drafter).
+  int32_t *given = NULL;
+  const char *pids = lks_settings_str(s, "prompt-ids");
+  if (pids && pids[0]) {
+    if (lks_cli_parse_ids(pids, c->vocab, &given, &n_pre) < 0) {
+      fprintf(stderr, "lockstep bench: --prompt-ids: %s\n", lks_last_error());
+      lks_world_stop(w);
+      return 1;
+    }
+  }
   int len = n_pre + n_dec, rc = 1;
   int32_t *tok = malloc((size_t)len * sizeof *tok);
   double *tp = malloc((size_t)reps * sizeof *tp), *td = malloc((size_t)reps * sizeof *td);
@@ -246,6 +257,9 @@ int lks_cmd_bench(lks_settings *s) {
   lks_rng rng;
   lks_rng_seed(&rng, 1);
   for (int i = 0; i < len; i++) tok[i] = (int32_t)(lks_rng_next(&rng) % (uint64_t)c->vocab);
+  if (given) memcpy(tok, given, (size_t)n_pre * sizeof *tok);
+  free(given);
+  given = NULL;
   // Every run goes through the scheduler, the decoding loop `serve` and `generate` run: the
   // prompt prefilled in one step, then one step per token.
   lks_sched_opts so;

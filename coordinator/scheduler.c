@@ -469,7 +469,7 @@ static int forward(lks_sched *s, int n_dec, lks_engine_out *out, bool *any_prefi
       st->want_all = nd > 0;
       st->want_last = nd == 0;
       // A plain row keeps its hidden state for the drafter's next catch-up.
-      st->defer_mtp = nd == 0 && s->proposer && s->proposer->ops->needs_hidden;
+      st->defer_mtp = nd == 0 && s->proposer && s->proposer->ops->defers_plain;
       rp->nd = nd;
       rp->emits = true;
       any_verify |= nd > 0;

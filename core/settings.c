@@ -33,7 +33,10 @@ static const lks_setting_def defs[] = {
     {"prefix-cache", 0, LKS_SET_BOOL, 0, 0, "true", false,
      "keep the KV blocks of finished sequences and reuse them for prompts that start the same"},
     {"spec", 0, LKS_SET_STR, 0, 0, "off", true,
-     "speculative decoding: off, mtp (the model's MTP layer) or ngram (prompt lookup)"},
+     "speculative decoding: off, mtp (the model's MTP layer), ngram (prompt lookup) or dflash (a "
+     "DFlash block drafter, --draft-model)"},
+    {"draft-model", 0, LKS_SET_STR, 0, 0, NULL, false,
+     "--spec dflash: the DFlash drafter's directory (unset: MODEL/dflash)"},
     {"num-drafts", 'k', LKS_SET_INT, 1, 16, "3", true, "drafts per speculative round (at most)"},
     {"ladder", 0, LKS_SET_STR, 0, 0, "", true,
      "drafts by batch width, e.g. 4:3,8:3,16:1,32:1 (empty: --num-drafts at any width)"},

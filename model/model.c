@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "model/dflash.h"
 #include "model/mla.h"
 #include "model/quant.h"
 #include "model/safetensors.h"
@@ -83,6 +84,12 @@ struct lks_model {
   float *route_w, *exp_w;
   int route_cap;
   int32_t *slots;
+  // A DFlash drafter's capture: the outputs of layers cap_layer[0 .. n_cap) of every row.
+  lks_dflash *dflash;
+  int n_cap, cap_at[LKS_DFLASH_MAX_CAPTURE];
+  lks_buf *cap;     // [cap_rows, n_cap * H]
+  int cap_rows, cap_n;
+  int32_t *ident;   // [cap_rows] 0, 1, 2, ...
 };
 
 static void problem(lks_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -484,6 +491,9 @@ static void free_acts(lks_model *m) {
 
 void lks_model_free(lks_model *m) {
   if (!m) return;
+  lks_dflash_free(m->dflash);
+  if (m->cap) m->be->ops->buf_free(m->be, m->cap);
+  free(m->ident);
   free_acts(m);
   for (int i = 0; i < m->n_bufs; i++) m->be->ops->buf_free(m->be, m->bufs[i]);
   free(m->bufs);
@@ -725,15 +735,66 @@ static uint64_t step_key(const lks_model *m, const lks_kv_cache *kv, const lks_b
   uint64_t k = 1469598103934665603ull;
   uint64_t parts[] = {(uint64_t)b->n,        (uint64_t)b->n_out,       (uint64_t)n_seqs,
                       (uint64_t)rows->max_blocks, (uint64_t)(uintptr_t)kv, (uint64_t)m->a.cap,
-                      (uint64_t)logits};
+                      (uint64_t)logits, (uint64_t)(uintptr_t)m->cap};  // the DFlash capture buffer
   for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) k = (k ^ parts[i]) * 1099511628211ull;
   return k ? k : 1;
+}
+
+// Copies x [n, H] into columns [j * H, (j + 1) * H) of the capture buffer.
+static int capture(lks_model *m, int j, lks_tensor x, int n) {
+  int H = m->cfg.hidden;
+  lks_tensor all = lks_tensor_2d(m->cap, 0, LKS_F32, n, (int64_t)m->n_cap * H);
+  return m->be->ops->gather_rows(m->be, lks_tensor_cols(all, (int64_t)j * H, H), x, m->ident);
+}
+
+static int reserve_capture(lks_model *m, int n) {
+  m->cap_n = n;
+  if (!m->n_cap || n <= m->cap_rows) return 0;
+  if (m->cap) m->be->ops->buf_free(m->be, m->cap);
+  m->cap_rows = 0;
+  m->cap = m->be->ops->buf_alloc(m->be, (size_t)n * m->n_cap * m->cfg.hidden * sizeof(float));
+  int32_t *id = realloc(m->ident, (size_t)n * sizeof *id);
+  if (id) m->ident = id;
+  if (!m->cap || !id) return lks_set_error(LKS_ENOMEM, "capture for %d rows", n);
+  for (int i = 0; i < n; i++) m->ident[i] = i;
+  m->cap_rows = n;
+  return 0;
+}
+
+int lks_model_attach_dflash(lks_model *m, lks_dflash *d) {
+  if (m->dflash) return lks_set_error(LKS_EINVAL, "a DFlash drafter is already attached");
+  if (m->mla) return lks_set_error(LKS_EUNSUPPORTED, "DFlash drafting of glm_moe_dsa is not supported");
+  const int *layers;
+  int n = lks_dflash_capture_layers(d, &layers);
+  m->dflash = d;
+  m->n_cap = n;
+  memcpy(m->cap_at, layers, (size_t)n * sizeof *layers);
+  return 0;
+}
+
+lks_dflash *lks_model_dflash(const lks_model *m) { return m->dflash; }
+
+lks_tensor lks_model_captured(const lks_model *m) {
+  return lks_tensor_2d(m->cap, 0, LKS_F32, m->cap_n, (int64_t)m->n_cap * m->cfg.hidden);
+}
+
+int lks_model_embed(lks_model *m, lks_tensor out, const int32_t *ids) {
+  return m->be->ops->embed(m->be, out, m->embed, ids);
+}
+
+int lks_model_lm_head(lks_model *m, lks_tensor x, lks_tensor *logits) {
+  LKS_TRY(reserve(m, (int)x.rows));
+  lks_tensor out = act(m->a.mlogits, (int)x.rows, m->sh.vocab), none = {0};
+  LKS_TRY(m->be->ops->matmul(m->be, out, x, m->lm_head, none, false));
+  *logits = out;
+  return 0;
 }
 
 int lks_model_forward(lks_model *m, lks_kv_cache *kv, const lks_batch *b, lks_tensor *logits,
                       lks_tensor *hidden) {
   LKS_TRY(check_batch(m, b));
   LKS_TRY(reserve(m, b->n));
+  LKS_TRY(reserve_capture(m, b->n));
   lks_attn_rows rows = {.n = b->n, .seq = b->seq, .pos = b->pos};
   LKS_TRY(lks_kv_rows(kv, &rows, m->slots));
   fwd_step f = {m, kv, b, &rows, logits, hidden};
@@ -752,8 +813,11 @@ static int forward_step(void *ctx) {
   int n = b->n;
   lks_tensor x = act(m->a.x, n, c->hidden);
   LKS_TRY(be->ops->embed(be, x, m->embed, b->tokens));
-  for (int l = 0; l < c->n_layers; l++)
+  for (int l = 0; l < c->n_layers; l++) {
     LKS_TRY(layer_forward(m, l, &m->layers[l], kv, l, &rows, b->pos, n));
+    for (int j = 0; j < m->n_cap; j++)
+      if (m->cap_at[j] == l) LKS_TRY(capture(m, j, x, n));
+  }
   lks_tensor hid = act(m->a.hid, n, c->hidden);
   LKS_TRY(be->ops->rmsnorm(be, hid, x, m->norm, c->eps));
   if (hidden) *hidden = hid;

@@ -18,6 +18,7 @@
 #include "model/kv_cache.h"
 
 typedef struct lks_model lks_model;
+typedef struct lks_dflash lks_dflash;
 
 // One forward: n rows, row i is token tokens[i] of sequence seq[i] at position pos[i]. The
 // sequences must already hold those positions in the KV cache (lks_kv_seq_resize). Logits are
@@ -80,6 +81,24 @@ int lks_model_mtp(lks_model *m, lks_kv_cache *mtp_kv, const lks_batch *b, lks_te
 int lks_model_argmax(lks_model *m, lks_tensor logits, int32_t *idx);
 // All V logits of each row, on every rank, into host dst [logits.rows, V]. A collective.
 int lks_model_logits_host(lks_model *m, lks_tensor logits, float *dst);
+
+// ---- for a DFlash drafter (model/dflash.h) ----
+
+// Attaches a DFlash drafter: the model owns it from then on (freed with the model) and every
+// target forward from then on keeps the outputs of the layers it reads (lks_model_captured).
+// The drafter must have been loaded for this model.
+int lks_model_attach_dflash(lks_model *m, lks_dflash *d);
+// The attached drafter, or NULL.
+lks_dflash *lks_model_dflash(const lks_model *m);
+// The captured features of the last lks_model_forward: [n rows, n_capture * H], row i the
+// residual stream after each captured layer, concatenated in the drafter's order. A view into a
+// buffer the model owns, valid until the next forward.
+lks_tensor lks_model_captured(const lks_model *m);
+// out [n, H] = the embeddings of ids (replicated on every rank).
+int lks_model_embed(lks_model *m, lks_tensor out, const int32_t *ids);
+// *logits [x.rows, V_local] = lm_head x (this rank's vocabulary rows, as lks_model_forward's),
+// in a buffer the model owns, valid until the next call of this or lks_model_mtp.
+int lks_model_lm_head(lks_model *m, lks_tensor x, lks_tensor *logits);
 
 // Bytes of weights this rank holds (its share; the whole model at world 1).
 int64_t lks_model_loaded_bytes(const lks_model *m);

@@ -19,6 +19,7 @@ int lks_cmd_payload_matches(const Lockstep__Command *cmd) {
     case LOCKSTEP__CMD_TYPE__EP_CMD_COMMIT:
       return cmd->payload_case == LOCKSTEP__COMMAND__PAYLOAD_COMMIT;
     case LOCKSTEP__CMD_TYPE__EP_CMD_MTP_PROPOSE:
+    case LOCKSTEP__CMD_TYPE__EP_CMD_DFLASH_PROPOSE:
       return cmd->payload_case == LOCKSTEP__COMMAND__PAYLOAD_PROPOSE;
     case LOCKSTEP__CMD_TYPE__EP_CMD_SET_LEVERS:
       return cmd->payload_case == LOCKSTEP__COMMAND__PAYLOAD_LEVERS;

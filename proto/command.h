@@ -11,7 +11,8 @@
 
 #include "proto/lockstep.pb-c.h"
 
-#define LKS_PROTOCOL_VERSION 3
+// 3: SlotTokens.defer_mtp (the MTP drafter's lazy catch-up); 4: EP_CMD_DFLASH_PROPOSE.
+#define LKS_PROTOCOL_VERSION 4
 
 // The most drafts one propose or verify may carry (a protocol limit every rank agrees on).
 #define LKS_MAX_DRAFTS 16

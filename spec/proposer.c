@@ -9,12 +9,19 @@
 //   the backlog is paired in one batched MTP forward at the next propose, or by catchup when it
 //   is full. Batched or one at a time, the drafter's KV rows are the same (the kernels are
 //   batch-invariant).
+// - dflash: a DFlash block drafter (model/dflash.h), replicated on every rank, so every propose
+//   is a collective command (EP_CMD_DFLASH_PROPOSE) run on every rank; one block forward drafts up
+//   to block_size - 1 tokens. Its state on rank 0 is the block's first token (the last verified
+//   one) and its position; the engines keep the context (the target features of committed
+//   positions), appending a verify's accepted rows at the next propose, so rejected rows never
+//   reach it (the rollback).
 // - ngram: prompt lookup on rank 0 alone: the longest recent suffix (3, 2, then 1 tokens) found
 //   earlier in the sequence proposes the tokens that followed it.
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
+#include "model/dflash.h"
 #include "spec/spec.h"
 
 // ---- mtp ----
@@ -138,6 +145,7 @@ static const lks_proposer_ops mtp_ops = {
     .name = "mtp",
     .needs_comm = true,
     .needs_hidden = true,
+    .defers_plain = true,
     .alloc_state = mtp_alloc,
     .free_state = mtp_free,
     .prefill = mtp_prefill,
@@ -145,6 +153,130 @@ static const lks_proposer_ops mtp_ops = {
     .after_verify = mtp_after_verify,
     .after_decode = mtp_after_decode,
     .catchup = mtp_catchup,
+};
+
+// ---- dflash ----
+
+typedef struct {
+  int slot;
+  int32_t next;   // the block's first token: the last verified token
+  int pos;        // its position
+  bool pending;   // kept verify rows the engines' context still lacks
+} df_state;
+
+static void *df_alloc(lks_proposer *p, int slot) {
+  (void)p;
+  df_state *s = calloc(1, sizeof *s);
+  if (s) s->slot = slot;
+  return s;
+}
+static void df_free(lks_proposer *p, void *st) {
+  (void)p;
+  free(st);
+}
+
+static int df_prefill(lks_proposer *p, lks_spec_seq *s, int n_prompt, int32_t first) {
+  (void)p;
+  df_state *d = s->state;
+  d->next = first;
+  d->pos = n_prompt;
+  d->pending = false;  // the prefill appended the prompt's rows
+  return 0;
+}
+
+// One DFLASH_PROPOSE for n sequences; k = 0 only catches up.
+static int df_submit(lks_proposer *p, lks_spec_seq **s, int n, int k, int32_t *drafts) {
+  Lockstep__SlotTokens *st = calloc((size_t)n, sizeof *st);
+  Lockstep__SlotTokens **ptrs = calloc((size_t)n, sizeof *ptrs);
+  if (!st || !ptrs) {
+    free(st);
+    free(ptrs);
+    return lks_set_error(LKS_ENOMEM, "out of memory");
+  }
+  for (int i = 0; i < n; i++) {
+    df_state *d = s[i]->state;
+    lockstep__slot_tokens__init(&st[i]);
+    st[i].slot = (uint32_t)d->slot;
+    st[i].start_pos = (uint32_t)d->pos;
+    st[i].tokens = &d->next;
+    st[i].n_tokens = 1;
+    ptrs[i] = &st[i];
+  }
+  Lockstep__MtpPropose mp = LOCKSTEP__MTP_PROPOSE__INIT;
+  mp.seqs = ptrs;
+  mp.n_seqs = (size_t)n;
+  mp.n_drafts = (uint32_t)k;
+  Lockstep__Command cmd = LOCKSTEP__COMMAND__INIT;
+  cmd.type = LOCKSTEP__CMD_TYPE__EP_CMD_DFLASH_PROPOSE;
+  cmd.payload_case = LOCKSTEP__COMMAND__PAYLOAD_PROPOSE;
+  cmd.propose = &mp;
+  const int32_t *out = NULL;
+  int rc = p->sub.submit(p->sub.ctx, &cmd, &out);
+  if (rc == 0 && k > 0) memcpy(drafts, out, (size_t)n * k * sizeof *drafts);
+  if (rc == 0)
+    for (int i = 0; i < n; i++) ((df_state *)s[i]->state)->pending = false;
+  free(st);
+  free(ptrs);
+  return rc;
+}
+
+static int df_propose(lks_proposer *p, lks_spec_seq **s, int n, int k, int32_t *drafts,
+                      int *n_out) {
+  int kb = k < p->block - 1 ? k : p->block - 1;
+  int32_t *tmp = malloc((size_t)n * (kb > 0 ? kb : 1) * sizeof *tmp);
+  if (!tmp) return lks_set_error(LKS_ENOMEM, "out of memory");
+  int rc = df_submit(p, s, n, kb, tmp);
+  for (int i = 0; rc == 0 && i < n; i++) {
+    memcpy(drafts + (size_t)i * k, tmp + (size_t)i * kb, (size_t)kb * sizeof *tmp);
+    n_out[i] = kb;
+  }
+  free(tmp);
+  return rc;
+}
+
+static int df_after_verify(lks_proposer *p, lks_spec_seq *s, int pos, const int32_t *drafts,
+                           int accepted, int32_t bonus) {
+  (void)p, (void)drafts;
+  df_state *d = s->state;
+  d->next = bonus;
+  d->pos = pos + accepted + 1;
+  d->pending = true;
+  return 0;
+}
+
+static int df_after_decode(lks_proposer *p, lks_spec_seq *s, int pos, int32_t next) {
+  (void)p;
+  df_state *d = s->state;
+  d->next = next;
+  d->pos = pos + 1;  // the decode row's features were appended by its forward
+  return 0;
+}
+
+static int df_catchup(lks_proposer *p, lks_spec_seq **s, int n) {
+  lks_spec_seq *batch[64];
+  int k = 0;
+  for (int i = 0; i < n; i++)
+    if (((df_state *)s[i]->state)->pending) {
+      if (k == 64) {
+        LKS_TRY(df_submit(p, batch, k, 0, NULL));
+        k = 0;
+      }
+      batch[k++] = s[i];
+    }
+  return k ? df_submit(p, batch, k, 0, NULL) : 0;
+}
+
+static const lks_proposer_ops dflash_ops = {
+    .name = "dflash",
+    .needs_comm = true,
+    .needs_hidden = true,
+    .alloc_state = df_alloc,
+    .free_state = df_free,
+    .prefill = df_prefill,
+    .propose_batch = df_propose,
+    .after_verify = df_after_verify,
+    .after_decode = df_after_decode,
+    .catchup = df_catchup,
 };
 
 // ---- ngram ----
@@ -212,8 +344,18 @@ lks_proposer *lks_proposer_new(const char *name, const lks_model *m, lks_submitt
   const lks_proposer_ops *ops = NULL;
   if (!strcmp(name, "mtp")) ops = &mtp_ops;
   if (!strcmp(name, "ngram")) ops = &ngram_ops;
+  if (!strcmp(name, "dflash")) ops = &dflash_ops;
   if (!ops) {
-    lks_set_error(LKS_EINVAL, "--spec '%s': expected off, mtp or ngram", name);
+    lks_set_error(LKS_EINVAL, "--spec '%s': expected off, mtp, ngram or dflash", name);
+    return NULL;
+  }
+  if (ops == &mtp_ops && lks_model_dflash(m)) {
+    // Forwards that keep hidden states feed the attached DFlash drafter, not the MTP layer.
+    lks_set_error(LKS_EUNSUPPORTED, "--spec mtp: this world runs a DFlash drafter (started with --spec dflash)");
+    return NULL;
+  }
+  if (ops == &dflash_ops && !lks_model_dflash(m)) {
+    lks_set_error(LKS_EUNSUPPORTED, "--spec dflash: no DFlash drafter is loaded (--draft-model)");
     return NULL;
   }
   if (ops == &mtp_ops && !lks_model_has_mtp(m)) {
@@ -225,6 +367,7 @@ lks_proposer *lks_proposer_new(const char *name, const lks_model *m, lks_submitt
   p->ops = ops;
   p->sub = sub;
   p->backlog = LKS_MTP_BACKLOG;
+  p->block = ops == &dflash_ops ? lks_dflash_block_size(lks_model_dflash(m)) : 0;
   return p;
 }
 

@@ -43,6 +43,9 @@ typedef struct lks_proposer_ops {
   bool needs_comm;
   // True when the target's forwards must keep hidden states for the proposer (Forward.mtp).
   bool needs_hidden;
+  // True when a plain step's hidden row is kept on every rank for a later batched catch-up
+  // (SlotTokens.defer_mtp: the MTP drafter's lazy catch-up); dflash appends its features itself.
+  bool defers_plain;
   void *(*alloc_state)(lks_proposer *p, int slot);
   void (*free_state)(lks_proposer *p, void *state);
   // After the prompt's prefill: `first` is the token it produced, at position n_prompt.
@@ -69,9 +72,10 @@ struct lks_proposer {
   // drafter catches up over them in one batched forward when the sequence drafts again, or when
   // `backlog` positions wait (1: catch up after every plain step).
   int backlog;
+  int block;  // dflash: the drafter's block size (drafts per propose: at most block - 1)
 };
 
-// "mtp" or "ngram"; NULL with an error for anything else (or "mtp" on a model without one).
+// "mtp", "ngram" or "dflash" (the model's attached DFlash drafter); NULL with an error for anything else (or "mtp" on a model without one).
 // Collective proposers run their commands through `sub`.
 lks_proposer *lks_proposer_new(const char *name, const lks_model *m, lks_submitter sub);
 void lks_proposer_free(lks_proposer *p);

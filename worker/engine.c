@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "model/dflash.h"
 
 enum { MAX_DRAFTS = LKS_MAX_DRAFTS };
 
@@ -21,12 +22,18 @@ typedef struct {
   int32_t drafts[MAX_DRAFTS];
   int n_drafts, draft_pos;  // position of the verify row that carries the first draft
   int valid;              // drafter rows [0, valid) pair target hidden states with committed tokens
+  lks_buf *feat;          // DFlash: [MAX_DRAFTS + 1, feature_cols] the last verify's captured rows
 } spec_slot;
 
 struct lks_engine {
   lks_model *m;
   lks_kv_cache *kv;
   lks_kv_cache *mkv;  // the MTP layer's cache (NULL without an MTP layer)
+  lks_dflash *df;     // the model's DFlash drafter (NULL without one); then forwards with mtp
+                      // set feed it instead of the MTP layer
+  lks_kv_cache *dkv;  // its context cache: rows [0, len) are committed positions' features
+  lks_buf *dstage;    // [cap_dstage, feature_cols] context rows gathered for one append
+  int cap_dstage;
   lks_prefix *prefix; // NULL when the prefix cache is off
   int32_t *hist;      // [max_slots * max_len] each slot's token at each position
   spec_slot *spec;    // [max_slots]
@@ -73,6 +80,25 @@ lks_engine *lks_engine_new(lks_model *m, int max_slots, int max_seq_len, int blo
       if (!e->spec[i].hid) goto fail;
     }
   }
+  e->df = lks_model_dflash(m);
+  if (e->df) {
+    lks_backend *be = lks_model_backend(m);
+    size_t F = (size_t)lks_dflash_feature_cols(e->df);
+    e->dkv = lks_dflash_kv_new(e->df, block, blocks, max_slots, max_seq_len);
+    if (!e->spec) e->spec = calloc((size_t)max_slots, sizeof *e->spec);
+    if (!e->drafts) e->drafts = calloc((size_t)max_slots * MAX_DRAFTS, sizeof *e->drafts);
+    if (!e->dkv || !e->spec || !e->drafts) goto fail;
+    for (int i = 0; i < max_slots; i++) {
+      e->spec[i].feat = be->ops->buf_alloc(be, (MAX_DRAFTS + 1) * F * sizeof(float));
+      if (!e->spec[i].feat) goto fail;
+    }
+    if (o && o->prefix_cache) {
+      // Cached blocks carry the MTP drafter's rows, not DFlash context rows.
+      lks_set_error(LKS_EUNSUPPORTED, "the prefix cache does not carry the DFlash drafter's context "
+                    "(turn it off with --no-prefix-cache)");
+      goto fail;
+    }
+  }
   if (o && o->prefix_cache) {
     e->hist = malloc((size_t)max_slots * (size_t)max_seq_len * sizeof *e->hist);
     e->prefix = lks_prefix_new(lks_model_backend(m), e->kv, e->mkv, lks_model_config(m)->hidden);
@@ -89,7 +115,12 @@ void lks_engine_free(lks_engine *e) {
   lks_backend *be = lks_model_backend(e->m);
   lks_prefix_free(e->prefix);
   free(e->hist);
-  for (int i = 0; e->spec && i < e->max_slots; i++) be->ops->buf_free(be, e->spec[i].hid);
+  for (int i = 0; e->spec && i < e->max_slots; i++) {
+    be->ops->buf_free(be, e->spec[i].hid);
+    be->ops->buf_free(be, e->spec[i].feat);
+  }
+  lks_kv_free(e->dkv);
+  be->ops->buf_free(be, e->dstage);
   free(e->spec);
   be->ops->buf_free(be, e->stage);
   lks_kv_free(e->mkv);
@@ -113,7 +144,7 @@ void lks_engine_free(lks_engine *e) {
 lks_model *lks_engine_model(const lks_engine *e) { return e->m; }
 void lks_engine_free_blocks(const lks_engine *e, int *target, int *drafter) {
   *target = lks_kv_free_blocks(e->kv);
-  *drafter = e->mkv ? lks_kv_free_blocks(e->mkv) : 0;
+  *drafter = e->dkv ? lks_kv_free_blocks(e->dkv) : e->mkv ? lks_kv_free_blocks(e->mkv) : 0;
 }
 int lks_engine_slot_len(const lks_engine *e, int slot) {
   return slot >= 0 && slot < e->max_slots ? lks_kv_seq_len(e->kv, slot) : -1;
@@ -207,6 +238,40 @@ static int check_forward(const lks_engine *e, const Lockstep__Forward *f) {
   if (f->output != LOCKSTEP__OUTPUT_MODE__OUT_NONE && f->output != LOCKSTEP__OUTPUT_MODE__OUT_GREEDY &&
       f->output != LOCKSTEP__OUTPUT_MODE__OUT_LOGITS)
     return lks_set_error(LKS_EINVAL, "unknown output mode %d", f->output);
+  return 0;
+}
+
+// DFLASH_PROPOSE: per slot one token at start_pos; the context it lacks before start_pos must be
+// the kept rows of its last verify (or nothing).
+static int check_dflash_propose(const lks_engine *e, const Lockstep__MtpPropose *p) {
+  if (!e->df) return lks_set_error(LKS_EUNSUPPORTED, "DFlash propose: no DFlash drafter is loaded");
+  int B = lks_dflash_block_size(e->df);
+  if (p->n_drafts > (uint32_t)(B - 1) || p->n_drafts > (uint32_t)e->max_drafts ||
+      (p->n_drafts > 0 && !e->speculation))
+    return lks_set_error(LKS_ERANGE, "DFlash propose: %u drafts, the block and the levers allow %d",
+                         p->n_drafts, e->speculation ? (B - 1 < e->max_drafts ? B - 1 : e->max_drafts) : 0);
+  if (p->n_seqs == 0) return lks_set_error(LKS_EINVAL, "DFlash propose without sequences");
+  int vocab = lks_model_config(e->m)->vocab;
+  for (size_t i = 0; i < p->n_seqs; i++) {
+    const Lockstep__SlotTokens *s = p->seqs[i];
+    LKS_TRY(check_slot(e, s->slot, true));
+    for (size_t j = 0; j < i; j++)
+      if (p->seqs[j]->slot == s->slot)
+        return lks_set_error(LKS_EINVAL, "slot %u appears twice in one propose", s->slot);
+    if (s->n_tokens != 1 || s->tokens[0] < 0 || s->tokens[0] >= vocab)
+      return lks_set_error(LKS_EINVAL, "DFlash propose: slot %u needs one token in the vocabulary",
+                           s->slot);
+    const spec_slot *sp = &e->spec[s->slot];
+    int have = lks_kv_seq_len(e->dkv, (int)s->slot), need = (int)s->start_pos - have;
+    if (need < 0 || (need > 0 && (sp->hid_pos != have || need > sp->hid_rows)))
+      return lks_set_error(LKS_EINVAL,
+                           "DFlash propose: slot %u drafts at %u, its context holds %d positions and "
+                           "%d kept rows at %d",
+                           s->slot, s->start_pos, have, sp->hid_rows, sp->hid_pos);
+    if ((int64_t)s->start_pos + B > e->max_len)
+      return lks_set_error(LKS_ERANGE, "DFlash propose: slot %u's block would pass the longest "
+                           "sequence", s->slot);
+  }
   return 0;
 }
 
@@ -335,6 +400,9 @@ int lks_engine_check(const lks_engine *e, const Lockstep__Command *cmd) {
     case LOCKSTEP__CMD_TYPE__EP_CMD_MTP_PROPOSE:
       if (!cmd->propose) return lks_set_error(LKS_EINVAL, "MTP propose without payload");
       return check_propose(e, cmd->propose);
+    case LOCKSTEP__CMD_TYPE__EP_CMD_DFLASH_PROPOSE:
+      if (!cmd->propose) return lks_set_error(LKS_EINVAL, "DFlash propose without payload");
+      return check_dflash_propose(e, cmd->propose);
     case LOCKSTEP__CMD_TYPE__EP_CMD_ALLOC_SLOT:
     case LOCKSTEP__CMD_TYPE__EP_CMD_FREE_SLOT: {
       bool alloc = cmd->type == LOCKSTEP__CMD_TYPE__EP_CMD_ALLOC_SLOT;
@@ -348,7 +416,7 @@ int lks_engine_check(const lks_engine *e, const Lockstep__Command *cmd) {
     case LOCKSTEP__CMD_TYPE__EP_CMD_VERIFY:
       if (!cmd->forward) return lks_set_error(LKS_EINVAL, "forward command without payload");
       LKS_TRY(check_forward(e, cmd->forward));
-      if (cmd->forward->mtp && !e->mkv)
+      if (cmd->forward->mtp && !e->mkv && !e->df)
         return lks_set_error(LKS_EUNSUPPORTED, "forward for the drafter: this model has no MTP layer");
       if (cmd->type == LOCKSTEP__CMD_TYPE__EP_CMD_VERIFY) return check_verify_drafts(e, cmd->forward);
       return 0;
@@ -515,6 +583,129 @@ static int mtp_after_forward(lks_engine *e, const Lockstep__Forward *f, lks_tens
   return lks_model_mtp(e->m, e->mkv, &b, stage_view(e, 0, n), NULL, NULL);
 }
 
+// Staging for n DFlash context rows.
+static int reserve_dstage(lks_engine *e, int n) {
+  if (n <= e->cap_dstage) return 0;
+  lks_backend *be = lks_model_backend(e->m);
+  be->ops->buf_free(be, e->dstage);
+  e->dstage = be->ops->buf_alloc(be, (size_t)n * lks_dflash_feature_cols(e->df) * sizeof(float));
+  e->cap_dstage = e->dstage ? n : 0;
+  if (!e->dstage) return lks_set_error(LKS_ENOMEM, "DFlash staging for %d rows", n);
+  return 0;
+}
+
+static lks_tensor feat_view(const lks_engine *e, lks_buf *b, int rows) {
+  return lks_tensor_2d(b, 0, LKS_F32, rows, lks_dflash_feature_cols(e->df));
+}
+
+// After a forward with mtp set and a DFlash drafter: the captured features of prefill chunks and
+// decode rows (committed tokens) become context rows at once; a verify's rows are kept until the
+// next DFLASH_PROPOSE says how many were accepted.
+static int dflash_after_forward(lks_engine *e, const Lockstep__Forward *f) {
+  lks_tensor feats = lks_model_captured(e->m);
+  size_t n_rows = 0;
+  for (size_t i = 0; i < f->n_seqs; i++) n_rows += f->seqs[i]->n_tokens;
+  LKS_TRY(reserve_mtp(e, (int)n_rows));
+  int n = 0;
+  size_t r0 = 0;
+  for (size_t i = 0; i < f->n_seqs; i++) {
+    const Lockstep__SlotTokens *s = f->seqs[i];
+    spec_slot *sp = &e->spec[s->slot];
+    int start = (int)s->start_pos, cnt = (int)s->n_tokens;
+    if (!s->want_all) {
+      int have = lks_kv_seq_len(e->dkv, (int)s->slot);
+      if (have < start)
+        return lks_set_error(LKS_EINVAL, "DFlash: slot %u's context holds %d positions, the forward "
+                             "starts at %d (a catch-up is missing)", s->slot, have, start);
+      LKS_TRY(lks_kv_seq_resize(e->dkv, (int)s->slot, start + cnt));
+      for (int j = 0; j < cnt; j++) {
+        e->m_rows[n] = (int32_t)(r0 + (size_t)j);
+        e->m_pos[n] = start + j;
+        e->m_seq[n++] = (int32_t)s->slot;
+      }
+      sp->hid_rows = 0;
+      sp->valid = start + cnt;
+    } else {
+      if (cnt > MAX_DRAFTS + 1)
+        return lks_set_error(LKS_ERANGE, "slot %u: %d rows to keep for the drafter (at most %d)",
+                             s->slot, cnt, MAX_DRAFTS + 1);
+      LKS_TRY(copy_rows(e, feat_view(e, sp->feat, cnt), 0, feats, (int)r0, cnt));
+      sp->hid_rows = cnt;
+      sp->hid_pos = start;
+    }
+    r0 += (size_t)cnt;
+  }
+  if (n == 0) return 0;
+  LKS_TRY(reserve_dstage(e, n));
+  lks_backend *be = lks_model_backend(e->m);
+  lks_tensor st = feat_view(e, e->dstage, n);
+  LKS_TRY(be->ops->gather_rows(be, st, feats, e->m_rows));
+  return lks_dflash_context(e->df, e->dkv, n, e->m_seq, e->m_pos, st);
+}
+
+// DFLASH_PROPOSE: per slot, the kept verify rows its context lacks become context rows; then one
+// block forward for all slots [t_s, mask, ...] at s = start_pos; the drafts are the
+// vocabulary-split arg-max of block rows 1 .. n_drafts, agreed by all-reduce. The block's own
+// K/V rows are dropped again.
+static int exec_dflash_propose(lks_engine *e, const Lockstep__MtpPropose *p, lks_engine_out *out) {
+  int ns = (int)p->n_seqs, K = (int)p->n_drafts, B = lks_dflash_block_size(e->df), n = 0;
+  LKS_TRY(reserve_mtp(e, ns * (MAX_DRAFTS + 1) > ns * B ? ns * (MAX_DRAFTS + 1) : ns * B));
+  for (int i = 0; i < ns; i++) {
+    const Lockstep__SlotTokens *s = p->seqs[i];
+    int have = lks_kv_seq_len(e->dkv, (int)s->slot), need = (int)s->start_pos - have;
+    n += need;
+  }
+  if (n > 0) {
+    LKS_TRY(reserve_dstage(e, n));
+    lks_tensor st = feat_view(e, e->dstage, n);
+    n = 0;
+    for (int i = 0; i < ns; i++) {
+      const Lockstep__SlotTokens *s = p->seqs[i];
+      spec_slot *sp = &e->spec[s->slot];
+      int have = lks_kv_seq_len(e->dkv, (int)s->slot), need = (int)s->start_pos - have;
+      if (need <= 0) continue;
+      LKS_TRY(copy_rows(e, st, n, feat_view(e, sp->feat, need), 0, need));
+      for (int j = 0; j < need; j++) {
+        e->m_pos[n] = have + j;
+        e->m_seq[n++] = (int32_t)s->slot;
+      }
+      LKS_TRY(lks_kv_seq_resize(e->dkv, (int)s->slot, (int)s->start_pos));
+    }
+    LKS_TRY(lks_dflash_context(e->df, e->dkv, n, e->m_seq, e->m_pos, st));
+  }
+  for (int i = 0; i < ns; i++) {
+    spec_slot *sp = &e->spec[p->seqs[i]->slot];
+    sp->hid_rows = 0;
+    sp->n_drafts = K;
+    sp->draft_pos = (int)p->seqs[i]->start_pos + 1;
+    sp->valid = (int)p->seqs[i]->start_pos;
+  }
+  out->n = 0;
+  if (K == 0) return 0;
+  for (int i = 0; i < ns; i++) {
+    const Lockstep__SlotTokens *s = p->seqs[i];
+    e->m_seq[i] = (int32_t)s->slot;
+    e->m_pos[i] = (int32_t)s->start_pos;
+    e->m_tok[i] = s->tokens[0];
+    LKS_TRY(lks_kv_seq_resize(e->dkv, (int)s->slot, (int)s->start_pos + B));
+  }
+  lks_tensor logits;
+  int rc = lks_dflash_block(e->df, e->dkv, ns, e->m_seq, e->m_pos, e->m_tok, &logits);
+  for (int i = 0; i < ns; i++) {  // the block's rows go, whatever happened
+    int r2 = lks_kv_seq_resize(e->dkv, (int)p->seqs[i]->slot, (int)p->seqs[i]->start_pos);
+    if (rc == 0) rc = r2;
+  }
+  LKS_TRY(rc);
+  LKS_TRY(lks_model_argmax(e->m, logits, e->m_last));
+  for (int i = 0; i < ns; i++) {
+    memcpy(e->drafts + i * K, e->m_last + i * (B - 1), (size_t)K * sizeof(int32_t));
+    memcpy(e->spec[p->seqs[i]->slot].drafts, e->drafts + i * K, (size_t)K * sizeof(int32_t));
+  }
+  out->n = ns * K;
+  out->tokens = e->drafts;
+  return 0;
+}
+
 static int exec_forward(lks_engine *e, const Lockstep__Forward *f, lks_engine_out *out) {
   size_t n = 0, n_out = 0;
   for (size_t i = 0; i < f->n_seqs; i++) {
@@ -544,7 +735,7 @@ static int exec_forward(lks_engine *e, const Lockstep__Forward *f, lks_engine_ou
   lks_tensor logits, hidden;
   LKS_TRY(lks_model_forward(e->m, e->kv, &b, n_out ? &logits : NULL, &hidden));
   LKS_TRY(record_rows(e, (int)n, hidden));
-  if (f->mtp) LKS_TRY(mtp_after_forward(e, f, hidden));
+  if (f->mtp) LKS_TRY(e->df ? dflash_after_forward(e, f) : mtp_after_forward(e, f, hidden));
   memset(out, 0, sizeof *out);
   out->n = (int)n_out;
   if (n_out == 0 || f->output == LOCKSTEP__OUTPUT_MODE__OUT_NONE) return 0;
@@ -636,10 +827,9 @@ int lks_engine_exec(lks_engine *e, const Lockstep__Command *cmd, lks_engine_out 
       for (size_t i = 0; i < cmd->slots->n_slots; i++) {
         int slot = (int)cmd->slots->slots[i];
         LKS_TRY(lks_kv_seq_claim(e->kv, slot));
-        if (e->mkv) {
-          LKS_TRY(lks_kv_seq_claim(e->mkv, slot));
-          e->spec[slot].hid_rows = e->spec[slot].n_drafts = e->spec[slot].valid = 0;
-        }
+        if (e->mkv) LKS_TRY(lks_kv_seq_claim(e->mkv, slot));
+        if (e->dkv) LKS_TRY(lks_kv_seq_claim(e->dkv, slot));
+        if (e->spec) e->spec[slot].hid_rows = e->spec[slot].n_drafts = e->spec[slot].valid = 0;
       }
       return 0;
     case LOCKSTEP__CMD_TYPE__EP_CMD_ATTACH_PREFIX:
@@ -652,6 +842,7 @@ int lks_engine_exec(lks_engine *e, const Lockstep__Command *cmd, lks_engine_out 
         LKS_TRY(cache_slot(e, (int)cmd->slots->slots[i]));
         lks_kv_seq_free(e->kv, (int)cmd->slots->slots[i]);
         if (e->mkv) lks_kv_seq_free(e->mkv, (int)cmd->slots->slots[i]);
+        if (e->dkv) lks_kv_seq_free(e->dkv, (int)cmd->slots->slots[i]);
       }
       return 0;
     case LOCKSTEP__CMD_TYPE__EP_CMD_PREFILL:
@@ -660,6 +851,8 @@ int lks_engine_exec(lks_engine *e, const Lockstep__Command *cmd, lks_engine_out 
       return exec_forward(e, cmd->forward, out);
     case LOCKSTEP__CMD_TYPE__EP_CMD_MTP_PROPOSE:
       return exec_propose(e, cmd->propose, out);
+    case LOCKSTEP__CMD_TYPE__EP_CMD_DFLASH_PROPOSE:
+      return exec_dflash_propose(e, cmd->propose, out);
     case LOCKSTEP__CMD_TYPE__EP_CMD_SET_LEVERS:
       e->speculation = cmd->levers->speculation;
       e->max_drafts = (int)cmd->levers->n_drafts;

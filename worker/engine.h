@@ -41,7 +41,8 @@ int lks_engine_check(const lks_engine *e, const Lockstep__Command *cmd);
 int lks_engine_exec(lks_engine *e, const Lockstep__Command *cmd, lks_engine_out *out);
 
 lks_model *lks_engine_model(const lks_engine *e);
-// Free KV blocks of the target's cache and of the drafter's (0 without one): with no slot in
+// Free KV blocks of the target's cache and of the drafter's (the DFlash drafter's context cache
+// when the model has one attached, else the MTP layer's; 0 without either): with no slot in
 // use, every block is free.
 void lks_engine_free_blocks(const lks_engine *e, int *target, int *drafter);
 // Positions the slot holds (-1 when free).

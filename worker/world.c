@@ -10,6 +10,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "model/dflash.h"
 #include "model/safetensors.h"
 
 #ifndef LKS_BUILD_ID
@@ -229,6 +230,22 @@ lks_world *lks_world_start(const lks_settings *s, const char *dir, int max_slots
           cfg->architecture, lks_clock() - t0, lks_model_loaded_bytes(w->model) / 1e6);
   lks_engine_opts eo = {0};
   eo.prefix_cache = lks_settings_bool(s, "prefix-cache");
+  if (strcmp(lks_settings_str(s, "spec"), "dflash") == 0) {
+    // Every rank loads the whole drafter (replicated; model/dflash.h).
+    const char *dd = lks_settings_str(s, "draft-model");
+    char ddir[4096];
+    snprintf(ddir, sizeof ddir, "%s/dflash", dir);
+    lks_dflash *d = lks_dflash_load(dd && dd[0] ? dd : ddir, w->model);
+    if (!d) goto fail;
+    if (lks_model_attach_dflash(w->model, d) < 0) {
+      lks_dflash_free(d);
+      goto fail;
+    }
+    if (eo.prefix_cache)
+      LKS_LOG(LKS_LOG_WARN, "--spec dflash: the prefix cache is off (cached blocks do not carry the "
+              "drafter's context rows)");
+    eo.prefix_cache = false;
+  }
   if (kv_blocks(w, s, max_slots, &eo.n_blocks) < 0) goto fail;
   w->engine = lks_engine_new(w->model, max_slots, (int)lks_settings_int(s, "max-seq-len"),
                              (int)lks_settings_int(s, "kv-block"), &eo);

@@ -118,6 +118,14 @@ START_TEST(every_command_roundtrips) {
   ck_assert_uint_eq(d->propose->seqs[0]->start_pos, 77);
   ck_assert_mem_eq(d->propose->seqs[0]->tokens, toks, 3 * sizeof toks[0]);
   lockstep__command__free_unpacked(d, NULL);
+  // DFlash propose: the same payload under its own type.
+  ps.n_tokens = 1;
+  p.type = LOCKSTEP__CMD_TYPE__EP_CMD_DFLASH_PROPOSE;
+  d = roundtrip(&p);
+  ck_assert_int_eq(d->type, LOCKSTEP__CMD_TYPE__EP_CMD_DFLASH_PROPOSE);
+  ck_assert_uint_eq(d->propose->seqs[0]->n_tokens, 1);
+  ck_assert_uint_eq(d->propose->seqs[0]->start_pos, 77);
+  lockstep__command__free_unpacked(d, NULL);
   // Levers.
   Lockstep__Levers lv = LOCKSTEP__LEVERS__INIT;
   lv.n_drafts = 2;
