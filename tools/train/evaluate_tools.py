@@ -18,7 +18,6 @@ import argparse
 import concurrent.futures as cf
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,8 @@ class Server:
         for _ in range(600):
             try:
                 urllib.request.urlopen(self.base + "/health", timeout=2)
+                with urllib.request.urlopen(self.base + "/v1/models", timeout=10) as r:
+                    self.model_id = json.loads(r.read())["data"][0]["id"]
                 return
             except Exception:
                 if self.p.poll() is not None:
@@ -64,10 +65,11 @@ class Server:
         self.p.wait()
 
 
-def one(base, c):
+def one(s, c):
     """Both turns of one held-out conversation; returns the record."""
     msgs = [m for m in c["messages"] if m["role"] in ("system", "user")]
-    body = {"model": "m", "messages": msgs, "tools": c["tools"], "temperature": 0,
+    base = s.base
+    body = {"model": s.model_id, "messages": msgs, "tools": c["tools"], "temperature": 0,
             "max_tokens": 64}
     r1 = post(base, "/v1/chat/completions", body)
     m1 = r1["choices"][0]["message"]
@@ -98,9 +100,9 @@ def one(base, c):
     return rec
 
 
-def run_all(base, convs):
+def run_all(s, convs):
     with cf.ThreadPoolExecutor(8) as ex:
-        return list(ex.map(lambda c: one(base, c), convs))
+        return list(ex.map(lambda c: one(s, c), convs))
 
 
 def acceptance(metrics):
@@ -126,7 +128,7 @@ def main(argv):
     convs = td.heldout_set(a.n)
     t0 = time.time()
     s = Server(a.lockstep, a.model, a.port, [])
-    recs = run_all(s.base, convs)
+    recs = run_all(s, convs)
     s.stop()
     wall = time.time() - t0
     n = len(recs)
@@ -151,7 +153,7 @@ def main(argv):
     if not a.no_mtp:
         s = Server(a.lockstep, a.model, a.port, ["--spec", "mtp", "-k", "3", "--spec-gate",
                                                  "false"])
-        recs2 = run_all(s.base, convs)
+        recs2 = run_all(s, convs)
         res["mtp_acceptance"] = acceptance(s.metrics())
         s.stop()
         strip = lambda r: {k: v for k, v in r.items() if k != "tool_calls"} | {

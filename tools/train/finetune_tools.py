@@ -8,6 +8,7 @@
 #           GLM-4.6's chat template and tokenized (render_chat.mjs: @huggingface/jinja and
 #           Hugging Face's JS tokenizers, which lockstep's renderer and tokenizer equal), with a
 #           loss mask on the assistant turns; a slice of the original corpus    -> WORK/
+#           (check_render.py checks that lockstep's server renders the same tokens)
 #   train   from the BF16 weights of the base model; next-token + MTP loss on the assistant
 #           turns, plus the same on corpus windows so the model does not forget it -> WORK/ckpt.pt
 #   export  Hugging Face layout, BF16 (e_score_correction_bias F32)            -> OUT/
@@ -22,7 +23,6 @@ import math
 import os
 import pickle
 import shutil
-import subprocess
 import sys
 import time
 
@@ -35,26 +35,13 @@ sys.path.insert(0, HERE)
 import bpe  # noqa: E402
 import glm  # noqa: E402
 import toolcall_data as td  # noqa: E402
+from check_render import render, special_ids  # noqa: E402
 import train as tr  # noqa: E402
 from evaluate import read_safetensors  # noqa: E402
 
 
 def log(*a):
     print(time.strftime("%H:%M:%S"), *a, flush=True)
-
-
-def special_ids(model_dir):
-    tj = json.load(open(os.path.join(model_dir, "tokenizer.json"), encoding="utf-8"))
-    return {a["content"]: a["id"] for a in tj["added_tokens"]}
-
-
-def render(model_dir, convs):
-    """[{messages, tools}] -> [ids] by render_chat.mjs (the template without a generation
-    prompt)."""
-    inp = "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in convs)
-    r = subprocess.run(["node", os.path.join(HERE, "render_chat.mjs"), model_dir],
-                       input=inp.encode(), capture_output=True, check=True)
-    return [json.loads(l)["ids"] for l in r.stdout.decode().splitlines() if l.strip()]
 
 
 def assistant_mask(ids, sp):
@@ -129,68 +116,6 @@ def stage_data(a):
                "shared_prefix_mean": float(np.mean(n_prefix)),
                "corpus_bytes": nbytes, "corpus_tokens": len(stream)},
               open(os.path.join(a.work, "data.json"), "w"), indent=1)
-
-
-def anthropic_body(conv):
-    """The same conversation as a /v1/messages request body."""
-    body = {"model": "m", "max_tokens": 16, "messages": [],
-            "tools": [{"name": t["function"]["name"], "description": t["function"]["description"],
-                       "input_schema": t["function"]["parameters"]} for t in conv["tools"]]}
-    for m in conv["messages"]:
-        if m["role"] == "system":
-            body["system"] = m["content"]
-        elif m["role"] == "user":
-            body["messages"].append({"role": "user", "content": m["content"]})
-        elif m["role"] == "tool":
-            body["messages"].append({"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": m["tool_call_id"], "content": m["content"]}]})
-        elif m.get("tool_calls"):
-            body["messages"].append({"role": "assistant", "content": [
-                {"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
-                 "input": c["function"]["arguments"]} for c in m["tool_calls"]]})
-        else:
-            body["messages"].append({"role": "assistant", "content": [
-                {"type": "text", "text": m["content"]}]})
-    return body
-
-
-def stage_check(a):
-    """The training text is what the server feeds: every conversation of the first --check
-    groups, and each of its prefixes that ends before an assistant turn, rendered by lockstep's
-    own request handling (chat_render: the OpenAI body with the arguments as JSON text, as
-    clients send them back, and the Anthropic body) equals the training tokens up to that turn's
-    <|assistant|>."""
-    sp = special_ids(a.base)
-    groups = td.training_groups(a.n_groups, a.batch, a.seed)[:a.check]
-    convs = [c for grp in groups for c in grp]
-    rows = render(a.base, convs)
-    reqs, want = [], []
-    for c, r in zip(convs, rows):
-        cut = [i + 1 for i, t in enumerate(r) if t == sp["<|assistant|>"]] + [len(r)]
-        msgs = c["messages"]
-        turns = [k for k, m in enumerate(msgs) if m["role"] == "assistant"] + [len(msgs)]
-        for k, end in zip(turns, cut):
-            sub = {"messages": msgs[:k], "tools": c["tools"]}
-            oai = json.loads(json.dumps(sub))
-            for m in oai["messages"]:
-                for tc in m.get("tool_calls") or []:
-                    tc["function"]["arguments"] = json.dumps(tc["function"]["arguments"])
-            exp = r[:end] if end < len(r) else r + [sp["<|assistant|>"]]
-            reqs += [{"api": "openai", "body": dict(oai, model="m")},
-                     {"api": "anthropic", "body": anthropic_body(sub)}]
-            want += [exp, exp]
-    inp = "".join(json.dumps(q) + "\n" for q in reqs)
-    out = subprocess.run([a.chat_render, a.base], input=inp.encode(), capture_output=True)
-    got = [json.loads(l) for l in out.stdout.decode().splitlines()]
-    bad = [(q["api"], i) for i, (q, g, w) in enumerate(zip(reqs, got, want)) if g.get("ids") != w]
-    log("check: %d prompts (%d conversations, OpenAI and Anthropic bodies) rendered by %s: %d "
-        "differ from the training tokens" % (len(reqs), len(convs), a.chat_render, len(bad)))
-    for api, i in bad[:5]:
-        log("  differs: %s %s" % (api, json.dumps(reqs[i]["body"])[:300]))
-        log("    got  %s" % (got[i].get("error") or got[i]["ids"][-40:]))
-        log("    want %s" % want[i][-40:])
-    if bad or len(got) != len(reqs):
-        sys.exit(1)
 
 
 def masked_losses(model, win, mask):
@@ -393,9 +318,7 @@ def stage_export(a):
 
 def main(argv):
     p = argparse.ArgumentParser(description="fine-tune the default model on tool-call transcripts")
-    p.add_argument("stage", choices=["data", "check", "train", "export"])
-    p.add_argument("--chat-render", help="check: the chat_render binary (build/chat_render)")
-    p.add_argument("--check", type=int, default=25, help="check: groups to check")
+    p.add_argument("stage", choices=["data", "train", "export"])
     p.add_argument("--work", required=True)
     p.add_argument("--base", default=os.path.join(ROOT, "models", "glm-pydoc-tiny"))
     p.add_argument("--out", default=os.path.join(ROOT, "models", "glm-pydoc-tools"))
@@ -404,7 +327,7 @@ def main(argv):
     p.add_argument("--n-groups", type=int, default=500)
     p.add_argument("--corpus-bytes", type=int, default=1500000)
     p.add_argument("--seq", type=int, default=480)
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--steps", type=int, default=36)
     p.add_argument("--batch", type=int, default=8, help="conversations per group (and step)")
     p.add_argument("--corpus-batch", type=int, default=1)
     p.add_argument("--corpus-seq", type=int, default=256)
@@ -420,8 +343,7 @@ def main(argv):
     p.add_argument("--log-every", type=int, default=1)
     p.add_argument("--ckpt-every", type=int, default=1)
     a = p.parse_args(argv)
-    {"data": stage_data, "check": stage_check, "train": stage_train,
-     "export": stage_export}[a.stage](a)
+    {"data": stage_data, "train": stage_train, "export": stage_export}[a.stage](a)
 
 
 if __name__ == "__main__":
