@@ -4,7 +4,8 @@
 # run: WORK/data.json (the data), WORK/ckpt.pt (the training history) and MODEL/metrics.json
 # (evaluate_tools.py).
 #
-# Usage: /usr/bin/python3 tools/train/card_tools.py MODEL_DIR WORK_DIR
+# Usage: /usr/bin/python3 tools/train/card_tools.py MODEL_DIR WORK_DIR [NOTE]
+# (NOTE: a line on the run that the figures do not show, in the recipe's list.)
 
 import json
 import os
@@ -17,7 +18,7 @@ sys.path.insert(0, HERE)
 import toolcall_data as td  # noqa: E402
 
 
-def main(out, work):
+def main(out, work, note=""):
     data = json.load(open(os.path.join(work, "data.json")))
     st = torch.load(os.path.join(work, "ckpt.pt"))
     args, hist = st["args"], st["hist"]
@@ -64,7 +65,7 @@ The same as `glm-pydoc-tiny` (see its card): `config.json`, `generation_config.j
 
 The conversations are rendered by GLM-4.6's chat template (`tools/train/glm-4.6.jinja`) with `@huggingface/jinja` and tokenized with Hugging Face's JS tokenizers (`tools/train/render_chat.mjs`); `finetune_tools.py check` confirms that lockstep's own request handling (`build/chat_render`: `lks_oai_chat_prepare` / `lks_anth_prepare` and `lks_chat_render`, from OpenAI bodies with the arguments as JSON text and from Anthropic bodies) produces exactly these tokens up to each assistant turn. Conversations: {data['tokens_min']}-{data['tokens_max']} tokens (mean {data['tokens_mean']:.0f}), of which the assistant writes {data['assistant_tokens_mean']:.1f} on average: the loss covers only those (after each `<|assistant|>`, up to and including the `<|observation|>` or `<|endoftext|>` that ends the turn).
 
-Mixed in, so the model keeps its documentation: one window of {args['corpus_seq']} tokens of the original corpus every {args['corpus_every']} steps (weight {args['corpus_weight']}), from a {data['corpus_bytes']}-byte slice of `glm-pydoc-tiny`'s training files ({data['corpus_tokens']} tokens).
+Mixed in: one window of {args['corpus_seq']} tokens of the original corpus on {sum(1 for r in hist if r['corpus_loss'])} of the {len(hist)} steps (weight {args['corpus_weight']}), from a {data['corpus_bytes']}-byte slice of `glm-pydoc-tiny`'s training files ({data['corpus_tokens']} tokens).
 
 ## Licence
 
@@ -74,9 +75,9 @@ The weights derive from `glm-pydoc-tiny`, itself derived from the Python documen
 
 - `bash tools/train/finetune_tools.sh` (PyTorch 1.13 on the CPU, `torch.set_num_threads(2)`, deterministic algorithms), from the BF16 weights of `glm-pydoc-tiny`.
 - {len(hist)} steps, each one group of {data['group_size']} conversations; the group's shared prompt prefix (mean {data['shared_prefix_mean']:.0f} tokens: the tool list and the system message) is computed once per step and attended to by all {data['group_size']} continuations, which is the same loss and gradient as the {data['group_size']} whole sequences at a fraction of the compute.
-- AdamW (beta 0.9 / 0.95, weight decay {args['wd']} on matrices), peak learning rate {args['lr']}, {args['warmup']} warm-up steps, cosine to {args['min_lr_frac']} of the peak, gradient clipping {args['clip']}.
+- AdamW (beta 0.9 / 0.95, weight decay {args['wd']} on matrices), gradient clipping {args['clip']}; each step's learning rate and whether it took a corpus window are in `tools/train/glm-pydoc-tools.schedule.json` (written from this run's history; `finetune_tools.sh` follows it, so a rerun repeats this run), and in the table below.
 - Loss: next-token cross-entropy + {args['mtp_weight']} x the MTP layer's cross-entropy on the token after next, on the assistant tokens; the same on the corpus windows. Expert balancing as in the base model (bias step {args['bias_u']}).
-- Training time: {st['elapsed'] / 60:.1f} minutes of training steps on two cores shared with other work (the machine's load average was 9-21 during the run), {st['elapsed'] / len(hist):.0f} s per step on average.
+{("- " + note + chr(10)) if note else ""}- Training time: {st['elapsed'] / 60:.1f} minutes of training steps on two cores shared with other work (the machine's load average was 9-21 during the run), {st['elapsed'] / len(hist):.0f} s per step on average.
 
 | step | tool-call loss (assistant tokens) | MTP loss | corpus loss | learning rate |
 |---|---|---|---|---|
@@ -106,4 +107,4 @@ Misses (the first {min(12, len(misses))} of {len(misses)}):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])

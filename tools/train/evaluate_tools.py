@@ -38,6 +38,11 @@ def post(base, path, body):
 
 class Server:
     def __init__(self, lockstep, model, port, extra):
+        try:
+            urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=2)
+            sys.exit("evaluate_tools: something already answers on port %d" % port)
+        except OSError:
+            pass
         self.log = tempfile.TemporaryFile()
         self.p = subprocess.Popen([lockstep, "serve", "--model", model, "--port", str(port),
                                    "--threads", "2", "--max-slots", "8"] + extra,
@@ -128,8 +133,10 @@ def main(argv):
     convs = td.heldout_set(a.n)
     t0 = time.time()
     s = Server(a.lockstep, a.model, a.port, [])
-    recs = run_all(s, convs)
-    s.stop()
+    try:
+        recs = run_all(s, convs)
+    finally:
+        s.stop()
     wall = time.time() - t0
     n = len(recs)
     res = {"n": n, "parsed": sum(r["parsed"] for r in recs) / n,
@@ -153,9 +160,11 @@ def main(argv):
     if not a.no_mtp:
         s = Server(a.lockstep, a.model, a.port, ["--spec", "mtp", "-k", "3", "--spec-gate",
                                                  "false"])
-        recs2 = run_all(s, convs)
-        res["mtp_acceptance"] = acceptance(s.metrics())
-        s.stop()
+        try:
+            recs2 = run_all(s, convs)
+            res["mtp_acceptance"] = acceptance(s.metrics())
+        finally:
+            s.stop()
         strip = lambda r: {k: v for k, v in r.items() if k != "tool_calls"} | {
             "tool_calls": [c["function"] for c in r["tool_calls"]]}
         res["mtp_identical"] = all(strip(x) == strip(y) for x, y in zip(recs, recs2))

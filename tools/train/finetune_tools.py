@@ -64,7 +64,7 @@ def stage_data(a):
     os.makedirs(a.work, exist_ok=True)
     sp = special_ids(a.base)
     eot = sp["<|endoftext|>"]
-    groups = td.training_groups(a.n_groups, a.batch, a.seed)
+    groups = td.training_groups(a.n_groups, a.batch, a.seed, a.synth)
     log("data: rendering %d groups of %d training conversations" % (len(groups), a.batch))
     rows = render(a.base, [c for grp in groups for c in grp])
     data, lens, n_asst, n_prefix = [], [], 0, []
@@ -86,12 +86,14 @@ def stage_data(a):
             n_asst += int(m.sum())
         data.append((np.array(rs[0][:P], dtype=np.int32), suf, msk))
         n_prefix.append(P)
-    with open(os.path.join(a.work, "groups.pkl"), "wb") as f:
+    with open(os.path.join(a.work, "groups_synth.pkl" if a.synth else "groups.pkl"), "wb") as f:
         pickle.dump(data, f)
     log("data: %d conversations of %d-%d tokens (mean %.0f), %.1f assistant tokens each; shared "
         "prefixes of %d-%d tokens (mean %.0f)" % (len(lens), min(lens), max(lens), np.mean(lens),
                                                   n_asst / len(lens), min(n_prefix),
                                                   max(n_prefix), np.mean(n_prefix)))
+    if a.synth:
+        return
     # The original corpus: the training files of train.py's split (same seed), as many as
     # --corpus-bytes, encoded by bpe.py's encoder (equal to Hugging Face's, checked by train.sh).
     fs = tr.corpus_files()
@@ -236,8 +238,12 @@ def stage_train(a):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.wd},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
-    with open(os.path.join(a.work, "groups.pkl"), "rb") as f:
-        groups = pickle.load(f)
+    data = {}
+    for name in ("groups", "groups_synth"):
+        if os.path.exists(os.path.join(a.work, name + ".pkl")):
+            with open(os.path.join(a.work, name + ".pkl"), "rb") as f:
+                data[name] = pickle.load(f)
+    groups = data["groups"]
     corpus = np.load(os.path.join(a.work, "corpus.npy"))
     ck = os.path.join(a.work, "ckpt.pt")
     step, elapsed, hist = 0, 0.0, []
@@ -252,18 +258,27 @@ def stage_train(a):
     moes = model.moe_layers()
     model.train()
     t_last = time.time()
-    while step < a.steps:
+    # --schedule: the learning rate and the corpus window of each step, as a run recorded them
+    # (schedule stage), so that the run is repeated exactly.
+    sched = json.load(open(a.schedule)) if a.schedule else None
+    steps = len(sched) if sched else a.steps
+    lr_of = (lambda i: sched[i]["lr"]) if sched else (lambda i: lr_at(a, i))
+    while step < steps:
         t0 = time.time()
         for gp in opt.param_groups:
-            gp["lr"] = lr_at(a, step)
+            gp["lr"] = lr_of(step)
         g = np.random.default_rng([a.seed, step])
-        pre, suf, msk = groups[int(g.integers(0, len(groups)))]
+        # which data this step draws from: the schedule's, or --synth-from
+        src = (sched[step].get("data", "groups") if sched else
+               "groups_synth" if a.synth_from and step >= a.synth_from else "groups")
+        pool = data[src]
+        pre, suf, msk = pool[int(g.integers(0, len(pool)))]
         main, mtp = group_losses(model, torch.from_numpy(pre.astype(np.int64)),
                                  torch.from_numpy(suf.astype(np.int64)),
                                  torch.from_numpy(msk.astype(np.int64)))
         loss = main + a.mtp_weight * mtp
         cmain = cmtp = torch.zeros(())
-        if a.corpus_batch and step % a.corpus_every == 0:
+        if a.corpus_batch and (sched[step]["corpus"] if sched else step % a.corpus_every == 0):
             C = a.corpus_seq
             starts = g.integers(0, len(corpus) - C - 1, a.corpus_batch)
             cw = torch.from_numpy(np.stack([corpus[s:s + C + 1] for s in starts]).astype(np.int64))
@@ -281,8 +296,8 @@ def stage_train(a):
                 imb.append(float(load.max() / load.mean()))
         step += 1
         elapsed += time.time() - t0
-        rec = {"step": step, "loss": float(main), "mtp": float(mtp), "corpus_loss": float(cmain),
-               "corpus_mtp": float(cmtp), "gn": float(gn), "lr": lr_at(a, step - 1),
+        rec = {"step": step, "data": src, "loss": float(main), "mtp": float(mtp), "corpus_loss": float(cmain),
+               "corpus_mtp": float(cmtp), "gn": float(gn), "lr": lr_of(step - 1),
                "max_load": max(imb)}
         hist.append(rec)
         if step % a.log_every == 0 or step == 1:
@@ -291,12 +306,24 @@ def stage_train(a):
                                           rec["corpus_mtp"], rec["gn"], rec["lr"],
                                           (time.time() - t_last) / (a.log_every if step > 1 else 1)))
             t_last = time.time()
-        if step % a.ckpt_every == 0 or step == a.steps:
+        if step % a.ckpt_every == 0 or step == steps:
             tmp = ck + ".tmp"
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
                         "elapsed": elapsed, "hist": hist, "cfg": cfg, "args": vars(a)}, tmp)
             os.replace(tmp, ck)
     log("fine-tuning done: %d steps, %.1f s of training compute" % (step, elapsed))
+
+
+def stage_schedule(a):
+    """Writes --schedule from the checkpoint's history: each step's learning rate and whether
+    it took a corpus window."""
+    hist = torch.load(os.path.join(a.work, "ckpt.pt"))["hist"]
+    with open(a.schedule, "w") as f:
+        f.write("[\n" + ",\n".join(json.dumps({"step": r["step"], "lr": r["lr"],
+                                                "corpus": r["corpus_loss"] > 0,
+                                                "data": r.get("data", "groups")}) for r in hist)
+                + "\n]\n")
+    log("schedule of %d steps -> %s" % (len(hist), a.schedule))
 
 
 def stage_export(a):
@@ -318,23 +345,29 @@ def stage_export(a):
 
 def main(argv):
     p = argparse.ArgumentParser(description="fine-tune the default model on tool-call transcripts")
-    p.add_argument("stage", choices=["data", "train", "export"])
+    p.add_argument("stage", choices=["data", "train", "export", "schedule"])
+    p.add_argument("--schedule", help="train: the per-step schedule to follow (JSON); "
+                   "schedule: where to write the run's")
     p.add_argument("--work", required=True)
     p.add_argument("--base", default=os.path.join(ROOT, "models", "glm-pydoc-tiny"))
     p.add_argument("--out", default=os.path.join(ROOT, "models", "glm-pydoc-tools"))
     p.add_argument("--seed", type=int, default=4321)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--n-groups", type=int, default=500)
+    p.add_argument("--synth", action="store_true", help="data: the groups with made-up values "
+                   "(every other conversation), groups_synth.pkl")
+    p.add_argument("--synth-from", type=int, default=0, help="train: draw from groups_synth.pkl "
+                   "from this step on (0: never)")
     p.add_argument("--corpus-bytes", type=int, default=1500000)
     p.add_argument("--seq", type=int, default=480)
-    p.add_argument("--steps", type=int, default=36)
+    p.add_argument("--steps", type=int, default=44)
     p.add_argument("--batch", type=int, default=8, help="conversations per group (and step)")
     p.add_argument("--corpus-batch", type=int, default=1)
     p.add_argument("--corpus-seq", type=int, default=256)
-    p.add_argument("--corpus-every", type=int, default=2, help="a corpus window every N steps")
+    p.add_argument("--corpus-every", type=int, default=4, help="a corpus window every N steps")
     p.add_argument("--corpus-weight", type=float, default=0.5)
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--min-lr-frac", type=float, default=0.1)
+    p.add_argument("--min-lr-frac", type=float, default=1.0)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--wd", type=float, default=0.01)
     p.add_argument("--clip", type=float, default=1.0)
@@ -343,7 +376,8 @@ def main(argv):
     p.add_argument("--log-every", type=int, default=1)
     p.add_argument("--ckpt-every", type=int, default=1)
     a = p.parse_args(argv)
-    {"data": stage_data, "train": stage_train, "export": stage_export}[a.stage](a)
+    {"data": stage_data, "train": stage_train, "export": stage_export,
+     "schedule": stage_schedule}[a.stage](a)
 
 
 if __name__ == "__main__":

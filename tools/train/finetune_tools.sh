@@ -10,7 +10,7 @@
 # WORK_DIR (default /tmp/lockstep-tools) keeps the data, the log and the resumable checkpoint;
 # rerunning resumes training where it stopped.  OUT_DIR defaults to models/glm-pydoc-tools.
 # Needs what train.sh needs, node and npm (the pinned packages of tests/tokenizer), and a built
-# lockstep (LOCKSTEP, default build/lockstep) for the evaluation.
+# lockstep (LOCKSTEP, default build/lockstep; chat_render beside it) for the checks.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=${1:-/tmp/lockstep-tools}
@@ -23,8 +23,13 @@ bash "$ROOT/tests/tokenizer/npm_ci.sh"
 mkdir -p "$WORK"
 start=$(date +%s)
 [ -f "$WORK/groups.pkl" ] || nice $PY "$ROOT/tools/train/finetune_tools.py" data --work "$WORK"
-nice $PY "$ROOT/tools/train/finetune_tools.py" train --work "$WORK" 2>&1 | tee -a "$WORK/train.log"
+# The schedule the shipped weights were trained with (their run changed its learning rate and
+# corpus mix while it ran; see the model card): each step's learning rate and corpus window.
+nice $PY "$ROOT/tools/train/finetune_tools.py" train --work "$WORK" \
+  --schedule "$ROOT/tools/train/glm-pydoc-tools.schedule.json" 2>&1 | tee -a "$WORK/train.log"
 $PY "$ROOT/tools/train/finetune_tools.py" export --work "$WORK" --out "$OUT"
 cp "$WORK/train.log" "$OUT/train.log"
+$PY "$ROOT/tools/train/check_render.py" "${CHAT_RENDER:-$(dirname "$LKS")/chat_render}"
 $PY "$ROOT/tools/train/evaluate_tools.py" "$LKS" "$OUT" --out "$OUT/metrics.json"
+$PY "$ROOT/tools/train/card_tools.py" "$OUT" "$WORK"
 echo "finetune_tools.sh: done in $(( $(date +%s) - start )) s"

@@ -159,15 +159,35 @@ _HELD_NUM_SET = set(HELD_NUMBERS)
 TRAIN_NUMBERS = [n for n in range(2, 1000) if n not in _HELD_NUM_SET]
 
 
-def tool_result(name, args, g, held):
+# Made-up values ("synthetic" conversations): names and phrases no pool holds, so that the only
+# way to write them is to copy them from the conversation.
+_ONSETS = ["b", "br", "d", "f", "g", "k", "kr", "l", "m", "n", "p", "r", "s", "st", "t", "tr",
+           "v", "z", "h", "j"]
+_VOWELS = ["a", "e", "i", "o", "u", "ai", "ou"]
+_WORDS = """small large quiet bright value list name file line table record buffer thread token
+stream number letter object index method class module signal key path reads writes holds keeps
+returns stores finds counts joins splits""".split()
+
+
+def made_up_name(g):
+    return "".join(g.choice(_ONSETS) + g.choice(_VOWELS)
+                   for _ in range(g.randint(2, 3))).capitalize() + g.choice(["", "n", "k", "r"])
+
+
+def made_up_phrase(g):
+    return "a " + " ".join(g.choice(_WORDS) for _ in range(g.randint(3, 6)))
+
+
+def tool_result(name, args, g, held, synth=False):
     """What the tool returns (a string) for the arguments."""
     if name == "get_weather":
-        return "%s, %d degrees" % (g.choice(HELD_SKIES if held else SKIES), g.randint(-15, 40))
+        sky = made_up_phrase(g)[2:] if synth else g.choice(HELD_SKIES if held else SKIES)
+        return "%s, %d degrees" % (sky, g.randint(-15, 40))
     if name == "get_time":
         return "%02d:%02d" % (g.randint(0, 23), g.randint(0, 59))
     if name == "add":
         return str(args["a"] + args["b"])
-    return g.choice(HELD_DEFS if held else DEFS)
+    return made_up_phrase(g) if synth else g.choice(HELD_DEFS if held else DEFS)
 
 
 def offer(g, name=None):
@@ -181,20 +201,23 @@ def offer(g, name=None):
     return offered, (g.choice(SYSTEMS) if g.random() < 0.3 else None)
 
 
-def conversation(g, held, name=None, offered=None, system=None):
-    """One conversation: {"messages", "tools", "call": {name, arguments}, "result"}."""
+def conversation(g, held, name=None, offered=None, system=None, synth=False):
+    """One conversation: {"messages", "tools", "call": {name, arguments}, "result"}; synth:
+    made-up cities, terms and results instead of the pools' (numbers are random anyway)."""
     if offered is None:
         offered, system = offer(g, name)
     name = name or g.choice(offered)
     if name in ("get_weather", "get_time"):
-        args = {"city": g.choice(HELD_CITIES if held else TRAIN_CITIES)}
+        args = {"city": made_up_name(g) if synth else
+                g.choice(HELD_CITIES if held else TRAIN_CITIES)}
         fill = dict(args)
     elif name == "add":
         pool = HELD_NUMBERS if held else TRAIN_NUMBERS
         args = {"a": g.choice(pool), "b": g.choice(pool)}
         fill = dict(args)
     else:
-        args = {"term": g.choice(HELD_TERMS if held else TRAIN_TERMS)}
+        args = {"term": made_up_name(g).lower() if synth else
+                g.choice(HELD_TERMS if held else TRAIN_TERMS)}
         fill = dict(args)
     msgs = []
     if system:
@@ -204,24 +227,25 @@ def conversation(g, held, name=None, offered=None, system=None):
     msgs.append({"role": "assistant", "content": None,
                  "tool_calls": [{"id": cid, "type": "function",
                                  "function": {"name": name, "arguments": args}}]})
-    r = tool_result(name, args, g, held)
+    r = tool_result(name, args, g, held, synth)
     msgs.append({"role": "tool", "tool_call_id": cid, "content": r})
     msgs.append({"role": "assistant", "content": g.choice(ANSWER[name]).format(r=r, **fill)})
     return {"messages": msgs, "tools": [TOOLS[t] for t in offered],
             "call": {"name": name, "arguments": args}, "result": r}
 
 
-def training_groups(n_groups, size, seed):
+def training_groups(n_groups, size, seed, synth=False):
     """n_groups groups of size conversations; the conversations of a group offer the same tools
     in the same order and have the same system message (so their prompts share a prefix, which
-    finetune_tools.py computes once per group), each with a tool of its own."""
+    finetune_tools.py computes once per group), each with a tool of its own.  synth: every other
+    conversation with made-up values."""
     g = random.Random(seed)
     out = []
     for _ in range(n_groups):
         offered, system = offer(g)
         grp = []
-        for _ in range(size):
-            c = conversation(g, False, g.choice(offered), offered, system)
+        for k in range(size):
+            c = conversation(g, False, g.choice(offered), offered, system, synth and k % 2 == 1)
             grp.append({"messages": c["messages"], "tools": c["tools"]})
         out.append(grp)
     return out
