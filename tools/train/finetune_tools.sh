@@ -23,6 +23,7 @@ bash "$ROOT/tests/tokenizer/npm_ci.sh"
 mkdir -p "$WORK"
 start=$(date +%s)
 [ -f "$WORK/groups.pkl" ] || nice $PY "$ROOT/tools/train/finetune_tools.py" data --work "$WORK"
+[ -f "$WORK/groups_synth.pkl" ] || nice $PY "$ROOT/tools/train/finetune_tools.py" data --work "$WORK" --synth
 # The schedule the shipped weights were trained with (their run changed its learning rate and
 # corpus mix while it ran; see the model card): each step's learning rate and corpus window.
 nice $PY "$ROOT/tools/train/finetune_tools.py" train --work "$WORK" \
