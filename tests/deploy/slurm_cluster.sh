@@ -34,8 +34,8 @@ SlurmdUser=root
 AuthType=auth/munge
 AuthInfo=socket=$sock
 CredType=cred/munge
-SlurmctldPort=36817
-SlurmdPort=36818
+SlurmctldPort=16817
+SlurmdPort=16818
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
 SlurmctldPidFile=$dir/slurmctld.pid
