@@ -20,10 +20,14 @@
 #   - the drafter's KV cache keeps only context rows (block rows are dropped after each
 #     forward); after a verify, the features of the accepted rows are appended.
 #
-# Training: the target's greedy (arg-max) prediction is the label: block row k anchored at
-# s (data token at s) is trained towards argmax target(. | tokens <= s+k-1), i.e. the token
-# the target would emit there, with weight exp(-(k-1)/(B-1)); anchors are drawn at random
-# in each window, many blocks per window in one forward (a block mask).
+# Training (self-distillation): the frozen target continues windows of real text greedily
+# (build_pool; its layer outputs are captured on the way) and the drafter learns the token
+# the target would emit at each block row given only the tokens <= s it sees: row k at
+# anchor s is trained towards argmax target(. | tokens <= s+k-1), which is that token only
+# where tokens s+1 .. s+k-1 are the target's own picks -- always in the generated part; on
+# the real prompt row 1 always, rows 2.. only where the text equals the picks (else weight
+# 0). Weight exp(-(k-1)/(B-1)); anchors at random, many blocks per sequence in one forward
+# (a block mask).
 #
 # Usage: /usr/bin/python3 tools/train/dflash.py {train,export,measure,card} --work DIR [options]
 
@@ -295,23 +299,119 @@ def prep_streams(work):
 # train
 # ---------------------------------------------------------------------------
 
-def losses(m, dr, dc, win, g, n_anchor):
+@torch.no_grad()
+def greedy_pool(m, layer_ids, prompts, G):
+    """Self-distillation data: the frozen target continues prompts [B, P] greedily for G tokens
+    (a KV cache; the layer outputs are captured on the way). -> tokens [B, P+G], features
+    [B, P+G, nL*H] (as target_features over the whole sequence), nxt [B, P+G]: the target's
+    arg-max after each position (nxt[t] = tokens[t+1] for t >= P-1)."""
+    B, P = prompts.shape
+    cache = [None] * m.N
+
+    def fwd(tok, pos0):
+        T = tok.shape[1]
+        x = m.model.embed_tokens(tok)
+        cos, sin = glm.rope_tables(m.cfg, torch.arange(pos0, pos0 + T), x.dtype)
+        mask = torch.cat([torch.zeros(T, pos0, dtype=torch.bool), m.causal(T, x.device)], 1)
+        got = {}
+        for L in range(m.N):
+            ly = m.model.layers[L]
+            at = ly.self_attn
+            h = ly.input_layernorm(x)
+            q = at.q_proj(h).view(B, T, at.nh, at.hd)
+            k = at.k_proj(h).view(B, T, at.nkv, at.hd)
+            v = at.v_proj(h).view(B, T, at.nkv, at.hd)
+            if at.qk_norm:
+                q, k = at.q_norm(q), at.k_norm(k)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            q, k = glm.apply_rope(q, cos, sin), glm.apply_rope(k, cos, sin)
+            if cache[L] is not None:
+                k = torch.cat([cache[L][0], k], 2)
+                v = torch.cat([cache[L][1], v], 2)
+            cache[L] = (k, v)
+            g = at.nh // at.nkv
+            kk, vv = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+            att = (q @ kk.transpose(-1, -2)) * (1.0 / math.sqrt(at.hd))
+            att = att.masked_fill(mask, float("-inf")).softmax(-1)
+            y = (att @ vv).transpose(1, 2).reshape(B, T, at.nh * at.hd)
+            x = x + at.o_proj(y)
+            x = x + ly.mlp(ly.post_attention_layernorm(x))
+            if L in layer_ids:
+                got[L] = x
+        nx = m.lm_head(m.model.norm(x)).argmax(-1)
+        return torch.cat([got[L] for L in layer_ids], dim=-1), nx
+
+    f, nx = fwd(prompts, 0)
+    feats, nxts, toks = [f], [nx], [prompts]
+    for i in range(G):
+        t = nxts[-1][:, -1:]
+        f, nx = fwd(t, P + i)
+        toks.append(t)
+        feats.append(f)
+        nxts.append(nx)
+    return torch.cat(toks, 1), torch.cat(feats, 1), torch.cat(nxts, 1)
+
+
+def build_pool(m, dc, train, a):
+    """a.pool windows of a.prompt real tokens (fixed seed) continued greedily to a.seq tokens;
+    cached in the work directory by chunks of a.gen_batch."""
+    g = np.random.default_rng([a.seed, 77])
+    starts = g.integers(0, len(train) - a.prompt - 1, a.pool)
+    t0 = time.time()
+    out = {"tokens": [], "feats": [], "nxt": []}
+    gen_s = 0.0
+    for c in range(0, a.pool, a.gen_batch):
+        cp = os.path.join(a.work, "pool_%d_%d_%d_%d_%d.pt" % (a.seed, c, a.gen_batch, a.prompt,
+                                                            a.seq))
+        tc = time.time()
+        if os.path.exists(cp):                       # chunk c of the same seed: the same data
+            ch = torch.load(cp)
+        else:
+            pr = torch.from_numpy(np.stack([train[s:s + a.prompt]
+                                            for s in starts[c:c + a.gen_batch]]).astype(np.int64))
+            tk, f, nx = greedy_pool(m, dc["dflash_config"]["target_layer_ids"], pr,
+                                    a.seq - a.prompt)
+            ch = {"tokens": tk, "feats": f.to(torch.bfloat16), "nxt": nx,
+                  "seconds": time.time() - tc}
+            torch.save(ch, cp)
+        for k in out:
+            out[k].append(ch[k])
+        gen_s += ch["seconds"]
+        log("pool: %d / %d sequences, %.0f s" % (c + ch["tokens"].shape[0], a.pool,
+                                                 time.time() - t0))
+    pool = {k: torch.cat(v) for k, v in out.items()}
+    pool["seconds"] = gen_s                          # generation time, cached chunks included
+    return pool
+
+
+def losses(m, dr, dc, win, feats, nxt, g, n_anchor, lo):
+    """win [B, T] tokens (prompt + the target's greedy continuation), feats its captured target
+    features, nxt the target's arg-max after each position. Row k at anchor s is labelled
+    nxt[s+k-1] where that is the token the target would emit there given only tokens <= s:
+    always in the generated part (the tokens after s are the target's own picks); in the real
+    prompt only while the real tokens s+1 .. s+k-1 equal the target's picks (weight 0 else)."""
     Bs = dc["dflash_config"]["block_size"]
     B, T = win.shape
-    feats, nxt = target_features(m, dc["dflash_config"]["target_layer_ids"], win)
-    anchors = torch.stack([torch.from_numpy(np.sort(g.choice(np.arange(1, T - Bs + 1),
+    anchors = torch.stack([torch.from_numpy(np.sort(g.choice(np.arange(lo, T - Bs + 1),
                                                               n_anchor, replace=False)))
                            for _ in range(B)])
     lg = draft_logits(m, dr, dc, win, feats, anchors)            # [B, A, Bs-1, V]
     k = torch.arange(1, Bs)
-    lab = nxt.gather(1, (anchors[:, :, None] + k[None, None] - 1).reshape(B, -1))
-    lab = lab.view(B, n_anchor, Bs - 1)
-    ce = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), lab.reshape(-1),
+    idx = (anchors[:, :, None] + k[None, None] - 1).reshape(B, -1)
+    lab = nxt.gather(1, idx).view(B, n_anchor, Bs - 1)
+    # row k valid iff tokens s+1 .. s+k-1 are the target's own picks
+    same = (win[:, 1:] == nxt[:, :-1])                            # same[t-1]: tokens[t] == pick
+    same = torch.cat([same, torch.ones(B, 1, dtype=torch.bool)], 1)
+    ok = same.gather(1, idx).view(B, n_anchor, Bs - 1)           # ok[.., k-1]: token s+k is a pick
+    valid = torch.cat([torch.ones(B, n_anchor, 1, dtype=torch.bool),
+                       ok[:, :, :-1].cumprod(-1).bool()], -1).float()
+    ce = F.cross_entropy(lg.float().reshape(-1, lg.shape[-1]), lab.reshape(-1),
                          reduction="none").view(B, n_anchor, Bs - 1)
-    w = torch.exp(-(k - 1).float() / (Bs - 1))
-    loss = (ce * w).sum(-1).mean() / w.sum()
-    acc = (lg.argmax(-1) == lab).float().mean((0, 1))
-    return loss, ce.mean((0, 1)), acc
+    w = torch.exp(-(k - 1).float() / (Bs - 1)) * valid
+    loss = (ce * w).sum() / w.sum()
+    n = valid.sum((0, 1)).clamp(min=1)
+    acc = ((lg.argmax(-1) == lab).float() * valid).sum((0, 1)) / n
+    return loss, (ce * valid).sum((0, 1)) / n, acc
 
 
 def lr_at(a, step, frac):
@@ -329,6 +429,7 @@ def stage_train(a):
     m, tcfg = load_target(TARGET)
     train, val = prep_streams(a.work)
     dc = drafter_config(a, tcfg)
+    pool = build_pool(m, dc, train, a)
     dr = DFlash(dc)
     dr.init_weights()
     opt = torch.optim.AdamW([{"params": [p for p in dr.parameters() if p.dim() >= 2],
@@ -353,9 +454,9 @@ def stage_train(a):
         for gp in opt.param_groups:
             gp["lr"] = lr_at(a, step, elapsed / budget)
         g = np.random.default_rng([a.seed, step])
-        starts = g.integers(0, len(train) - a.seq - 1, a.batch)
-        win = torch.from_numpy(np.stack([train[s:s + a.seq] for s in starts]).astype(np.int64))
-        loss, ce, acc = losses(m, dr, dc, win, g, a.anchors)
+        sel = torch.from_numpy(g.choice(a.pool, a.batch, replace=False))
+        loss, ce, acc = losses(m, dr, dc, pool["tokens"][sel], pool["feats"][sel].float(),
+                               pool["nxt"][sel], g, a.anchors, a.anchor_from)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(dr.parameters(), 1.0)
@@ -373,7 +474,8 @@ def stage_train(a):
         hist.append(rec)
         if step % a.ckpt_every == 0 or step == a.steps or elapsed >= budget:
             torch.save({"model": dr.state_dict(), "opt": opt.state_dict(), "step": step,
-                        "elapsed": elapsed, "hist": hist, "cfg": dc, "args": vars(a)}, ck + ".tmp")
+                        "elapsed": elapsed, "hist": hist, "cfg": dc, "args": vars(a),
+                        "pool_seconds": pool["seconds"]}, ck + ".tmp")
             os.replace(ck + ".tmp", ck)
     log("training done: %d steps, %.1f s" % (step, elapsed))
 
@@ -451,7 +553,7 @@ def stage_measure(a):
            "attempted": att, "verify_steps": steps, "tokens_per_step": emitted / steps}
     st = torch.load(os.path.join(a.work, "dflash.pt"))
     res["train"] = {"steps": st["step"], "seconds": st["elapsed"], "args": st["args"],
-                    "last": st["hist"][-20:]}
+                    "pool_seconds": st.get("pool_seconds", 0.0), "last": st["hist"][-20:]}
     with open(os.path.join(a.out, "metrics.json"), "w") as f:
         json.dump(res, f, indent=1)
         f.write("\n")
@@ -511,19 +613,28 @@ def stage_card(a):
         "",
         "## Training",
         "",
-        "- Data: the target's training split (the same token stream as `tools/train/train.py`, "
-        "re-encoded with the shipped tokenizer), windows of %d tokens, %d per step; %d blocks per "
-        "window at random anchors, all in one forward (a block mask)." % (ar["seq"], ar["batch"],
-                                                                        ar["anchors"]),
-        "- Labels: the frozen target's greedy token at each block row (row k at anchor s: the "
-        "target's arg-max after tokens <= s+k-1), cross-entropy weighted exp(-(k-1)/(B-1)).",
+        "- Data (self-distillation): %d windows of %d real tokens from the target's training split "
+        "(the same token stream as `tools/train/train.py`, re-encoded with the shipped tokenizer; "
+        "fixed seed), each continued greedily by the frozen target to %d tokens (%.1f minutes, a KV "
+        "cache); the target's layer outputs over prompt + continuation are the context features. "
+        "Per step %d of these sequences, %d blocks each at random anchors from position %d on "
+        "(about two thirds in the generated part), all in one forward (a block mask)." % (
+            ar["pool"], ar["prompt"], ar["seq"], tr_.get("pool_seconds", 0) / 60, ar["batch"],
+            ar["anchors"], ar["anchor_from"]),
+        "- Labels: the token the target itself would emit at each block row given only the tokens "
+        "<= s (the drafter sees nothing after s): row k at anchor s is labelled with the target's "
+        "arg-max after tokens <= s+k-1, which is the label only where tokens s+1 .. s+k-1 are the "
+        "target's own greedy picks. In the generated part that always holds (the label is the "
+        "continuation's token s+k); on real text row 1 always counts, rows 2.. only where the real "
+        "tokens happen to equal the target's picks (weight 0 otherwise). Cross-entropy weighted "
+        "exp(-(k-1)/(B-1)).",
         "- AdamW (0.9 / 0.95, weight decay %g on matrices), peak learning rate %g, %d warm-up steps, "
-        "cosine to 0.1 of the peak over a %g-minute budget (the machine is shared: the budget, not a "
-        "step count, ends training)." % (ar["wd"], ar["lr"], ar["warmup"], ar["minutes"]),
+        "cosine to 0.1 of the peak over a %g-minute budget after the data (the machine is shared: the "
+        "budget, not a step count, ends training)." % (ar["wd"], ar["lr"], ar["warmup"], ar["minutes"]),
         "- %d steps in %.1f minutes on two cores (PyTorch on the CPU, `nice`, two threads)." % (
             tr_["steps"], tr_["seconds"] / 60),
-        "- Last %d steps, mean: cross-entropy per block row %s; agreement with the target's token "
-        "(teacher-forced) %s." % (len(last), " / ".join("%.3f" % x for x in ce),
+        "- Last %d steps, mean: cross-entropy per block row %s; agreement with the label "
+        "(where it counts) %s." % (len(last), " / ".join("%.3f" % x for x in ce),
                                   " / ".join("%.3f" % x for x in ag)),
         "",
         "## Acceptance on held-out text",
@@ -550,7 +661,8 @@ def stage_card(a):
         "",
         "```sh",
         "W=/tmp/dflash-work",
-        "/usr/bin/python3 tools/train/dflash.py train --work $W     # %g-minute budget" % ar["minutes"],
+        "/usr/bin/python3 tools/train/dflash.py train --work $W --minutes %g --pool %d --anchors %d" % (
+            ar["minutes"], ar["pool"], ar["anchors"]),
         "/usr/bin/python3 tools/train/dflash.py export --work $W",
         "/usr/bin/python3 tools/train/dflash.py measure --work $W",
         "/usr/bin/python3 tools/train/dflash.py card --work $W",
@@ -577,6 +689,11 @@ def main(argv):
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--anchors", type=int, default=32)
+    p.add_argument("--pool", type=int, default=512, help="self-distilled sequences")
+    p.add_argument("--prompt", type=int, default=64, help="real tokens before the greedy part")
+    p.add_argument("--gen-batch", type=int, default=128)
+    p.add_argument("--anchor-from", type=int, default=32,
+                   help="first anchor position (anchors before --prompt - 1 are on real text)")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--wd", type=float, default=0.1)
