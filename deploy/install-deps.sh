@@ -58,8 +58,11 @@ if [ "${1:-}" = --tests ]; then
   # package lists.
   if [ "$host_arch" = amd64 ]; then
     arm64_pkgs=(gcc-aarch64-linux-gnu qemu-user)
+    # libudev1: the unpacked Open MPI's libhwloc links against it (Multi-Arch: same, so it
+    # installs next to the host's; a bare Debian 12 lacked it and the cross build's MPI check
+    # failed to link).
     for p in libjansson-dev libzmq3-dev libprotobuf-c-dev libmicrohttpd-dev libpcre2-dev \
-      libutf8proc-dev check libsubunit-dev; do
+      libutf8proc-dev check libsubunit-dev libudev1; do
       arm64_pkgs+=("$p:arm64")
     done
     if ! dpkg --print-foreign-architectures | grep -qx arm64; then

@@ -39,7 +39,8 @@ rm -rf "$dir/.debs"
 # Every library libmpi and its components need must be here or among the multiarch packages.
 lib=$dir/usr/lib/aarch64-linux-gnu
 missing=0
-for so in "$lib"/libmpi.so.40 "$lib"/libopen-rte.so.40 "$lib"/libopen-pal.so.40 "$lib"/libpmix.so.2; do
+for so in "$lib"/libmpi.so.40 "$lib"/libopen-rte.so.40 "$lib"/libopen-pal.so.40 "$lib"/libpmix.so.2 \
+  "$lib"/libhwloc.so.15 "$lib"/libevent_core-2.1.so.7 "$lib"/libevent_pthreads-2.1.so.7; do
   for need in $(aarch64-linux-gnu-readelf -d "$so" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p'); do
     found=0
     for d in "$lib" "$lib/openmpi/lib" /lib/aarch64-linux-gnu /usr/lib/aarch64-linux-gnu; do
