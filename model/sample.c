@@ -128,7 +128,7 @@ weights(const float *l, int n, float mx, float inv_t, float *w) {
 
 // sum of exp(l[i] - mx) over i < n, in the order weights() sums (eight partial sums in double,
 // then a fixed tree), through a small buffer so that the exponentials vectorise as there.
-LKS_VECTORIZE_NO_CONTRACT __attribute__((target_clones("avx512f", "avx2", "default"))) static double
+LKS_VECTORIZE_NO_CONTRACT LKS_WIDE_CLONES static double
 sum_exp(const float *l, int n, float mx) {
   enum { CHUNK = 1024 };
   float w[CHUNK];
