@@ -23,89 +23,12 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "tests/json_ref.h"
 #include "testutil.h"
 #include "text/json_grammar.h"
 #include "text/tokenizer.h"
 
 // ---- the reference verdict ----
-
-// Whether s[0..n) stays within the recognizer's bounds: nesting depth and whitespace bytes in a
-// row, outside strings (a plain scan; for documents jansson accepts).
-static bool within_bounds(const char *s, size_t n) {
-  int depth = 0, ws = 0;
-  bool in_str = false, esc = false;
-  for (size_t i = 0; i < n; i++) {
-    char c = s[i];
-    if (in_str) {
-      if (esc) esc = false;
-      else if (c == '\\') esc = true;
-      else if (c == '"') in_str = false;
-      continue;
-    }
-    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
-      if (++ws > LKS_JSON_MAX_WS) return false;
-      continue;
-    }
-    ws = 0;
-    if (c == '"') in_str = true;
-    else if (c == '{' || c == '[') {
-      if (++depth > LKS_JSON_MAX_DEPTH) return false;
-    } else if (c == '}' || c == ']') {
-      depth--;
-    }
-  }
-  return true;
-}
-
-// s[0..n) as jansson can judge it under JSON's grammar: every run of digits outside strings cut
-// to its first two (a run's first digit and whether it has more than one are all the grammar
-// reads; jansson refuses numbers beyond a double and stops there), and every \u0000 escape made
-// \u0001 (jansson refuses U+0000 in keys and stops there). The caller frees the copy (*m bytes).
-static char *tame(const char *s, size_t n, size_t *m) {
-  char *o = malloc(n + 1);
-  if (!o) return NULL;
-  bool in_str = false, esc = false;
-  int run = 0;
-  *m = 0;
-  for (size_t i = 0; i < n; i++) {
-    char c = s[i];
-    run = !in_str && c >= '0' && c <= '9' ? run + 1 : 0;
-    if (run > 2) continue;
-    o[(*m)++] = c;
-    if (in_str) {
-      if (esc) {
-        esc = false;
-        if (c == 'u' && i + 4 < n && !memcmp(s + i + 1, "0000", 4)) {
-          memcpy(o + *m, "0001", 4);
-          *m += 4;
-          i += 4;
-        }
-      } else if (c == '\\') {
-        esc = true;
-      } else if (c == '"') {
-        in_str = false;
-      }
-    } else if (c == '"') {
-      in_str = true;
-    }
-  }
-  return o;
-}
-
-static bool ref_accepts(const char *s, size_t n, bool object_only) {
-  // jansson takes a raw NUL byte for the end of its input; RFC 8259 allows none anywhere (not in
-  // strings, where bytes below 0x20 must be escaped, nor outside them).
-  if (memchr(s, 0, n)) return false;
-  size_t m;
-  char *t = tame(s, n, &m);
-  ck_assert_ptr_nonnull(t);
-  json_error_t err;
-  json_t *j = json_loadb(t, m, JSON_DECODE_ANY | JSON_DECODE_INT_AS_REAL, &err);
-  free(t);
-  bool ok = j != NULL && (!object_only || json_is_object(j));
-  json_decref(j);
-  return ok && within_bounds(s, n);
-}
 
 static bool mine_accepts(const char *s, size_t n, bool object_only) {
   lks_json_state st;
@@ -132,14 +55,14 @@ static void check_completion(const char *s, size_t n, const lks_json_state *at, 
     ck_assert_msg(c2 == cost - 1, "cost %d -> %d after 0x%02x ('%.*s')", cost, c2, b, (int)m, buf);
     cost = c2;
   }
-  ck_assert_msg(ref_accepts(buf, m, object_only), "completion not accepted by jansson: '%.*s'",
+  ck_assert_msg(json_ref_accepts(buf, m, object_only), "completion not accepted by jansson: '%.*s'",
                 (int)m, buf);
   free(buf);
 }
 
 // The verdict, the prefixes of what is accepted and their completions.
 static void check_doc(const char *s, size_t n, bool object_only) {
-  bool ref = ref_accepts(s, n, object_only), mine = mine_accepts(s, n, object_only);
+  bool ref = json_ref_accepts(s, n, object_only), mine = mine_accepts(s, n, object_only);
   if (ref != mine)
     for (size_t i = 0; i < n; i++) fprintf(stderr, "%02x%s", (unsigned char)s[i], i + 1 < n ? " " : "\n");
   ck_assert_msg(ref == mine, "'%.*s' (%zu bytes, object_only %d): jansson %d, recognizer %d",
@@ -426,8 +349,8 @@ static void check_termination_on(const char *path, int runs) {
     }
     ck_assert_msg(lks_json_complete(&s), "budget %d spent, document open: '%.*s'", budget,
                   (int)out.n, out.p);
-    ck_assert_msg(ref_accepts(out.p ? out.p : "", out.n, true), "'%.*s' does not parse", (int)out.n,
-                  out.p);
+    ck_assert_msg(json_ref_accepts(out.p ? out.p : "", out.n, true), "'%.*s' does not parse",
+                  (int)out.n, out.p);
     free(out.p);
   }
   free(mask);
