@@ -26,6 +26,9 @@ struct lks_dflash {
   lks_model *target;
   lks_safetensors *st;
   int H, n_layers, n_heads, n_kv, head_dim, inter, block, mask_id, vocab;
+  // This rank's shard: query heads [h0, h0 + nh), KV heads [kv0, kv0 + nkv), FFN rows
+  // [i0, i0 + ni) (everything at world 1).
+  int rank, world, h0, nh, kv0, nkv, i0, ni;
   int n_cap, cap[LKS_DFLASH_MAX_CAPTURE];
   float eps, theta;
   lks_tensor fc, hidden_norm, norm;
@@ -128,7 +131,30 @@ static int validate(const lks_dflash *d, const lks_config *t, const char *dir) {
     if (d->cap[i] >= t->n_layers)
       return lks_set_error(LKS_ECONFIG, "%s: target_layer_ids[%d] = %d, the target has %d layers",
                            dir, i, d->cap[i], t->n_layers);
+  // Split like the target: query heads and FFN rows evenly; KV heads with them, or each rank's
+  // query heads inside one KV head's group (that head then on every rank that needs it).
+  int W = d->world, per_rank = d->n_heads / W, group = d->n_heads / d->n_kv;
+  if (d->n_heads % W || d->inter % W || (d->n_kv % W && group % per_rank))
+    return lks_set_error(LKS_ECONFIG, "%s: the drafter cannot be split %d ways: "
+                         "num_attention_heads %d, num_key_value_heads %d and intermediate_size %d "
+                         "must split evenly (or a rank's query heads share one KV head)", dir, W,
+                         d->n_heads, d->n_kv, d->inter);
   return 0;
+}
+
+static void plan_shard(lks_dflash *d) {
+  int W = d->world, r = d->rank;
+  d->nh = d->n_heads / W;
+  d->h0 = r * d->nh;
+  if (d->n_kv % W == 0) {
+    d->nkv = d->n_kv / W;
+    d->kv0 = r * d->nkv;
+  } else {
+    d->nkv = 1;
+    d->kv0 = d->h0 / (d->n_heads / d->n_kv);
+  }
+  d->ni = d->inter / W;
+  d->i0 = r * d->ni;
 }
 
 static bool keep_buf(lks_dflash *d, lks_buf *b) {
@@ -143,8 +169,11 @@ static bool keep_buf(lks_dflash *d, lks_buf *b) {
   return true;
 }
 
-// Binds tensor `name` of shape [rows, cols] (rows 0: 1-D of cols), mapped from the file.
-static int bind(lks_dflash *d, const char *name, int64_t rows, int64_t cols, lks_tensor *out) {
+// Binds rows [r0, r0 + nr) and columns [c0, c0 + nc) of tensor `name` of shape [rows, cols]
+// (rows 0: 1-D of cols, all of it), mapped from the file; a column slice keeps the file's row
+// stride on the CPU backend.
+static int bind_part(lks_dflash *d, const char *name, int64_t rows, int64_t cols, int64_t r0,
+                     int64_t nr, int64_t c0, int64_t nc, lks_tensor *out) {
   const lks_st_tensor *st = lks_safetensors_find(d->st, name);
   if (!st) return lks_set_error(LKS_ECONFIG, "DFlash drafter: missing tensor '%s'", name);
   bool ok = rows ? st->n_dims == 2 && st->shape[0] == rows && st->shape[1] == cols
@@ -155,14 +184,29 @@ static int bind(lks_dflash *d, const char *name, int64_t rows, int64_t cols, lks
   if (st->dtype != LKS_F32 && st->dtype != LKS_BF16 && st->dtype != LKS_F16)
     return lks_set_error(LKS_ECONFIG, "DFlash drafter: tensor '%s' has dtype %s", name,
                          lks_dtype_name(st->dtype));
-  lks_buf *b = d->be->ops->buf_wrap_host(d->be, st->data, st->nbytes);
+  if (!rows) {  // a vector: all of it
+    r0 = c0 = 0;
+    nr = 1;
+    nc = cols;
+  }
+  size_t es = lks_dtype_size(st->dtype), stride = (size_t)cols * es, ld_bytes = stride;
+  const uint8_t *first = st->data + (size_t)r0 * stride + (size_t)c0 * es;
+  lks_buf *b = nc == cols ? d->be->ops->buf_wrap_host(d->be, first, (size_t)nr * stride)
+                          : d->be->ops->buf_wrap_host_2d(d->be, first, nr, (size_t)nc * es, stride,
+                                                         &ld_bytes);
   if (!b || !keep_buf(d, b)) {
     if (b) d->be->ops->buf_free(d->be, b);
     return lks_set_error(LKS_ENOMEM, "DFlash drafter: cannot map '%s'", name);
   }
-  *out = lks_tensor_2d(b, 0, st->dtype, rows ? rows : 1, cols);
-  d->weight_bytes += (int64_t)st->nbytes;
+  *out = lks_tensor_2d(b, 0, st->dtype, nr, nc);
+  out->ld = (int64_t)(ld_bytes / es);
+  d->weight_bytes += nr * nc * (int64_t)es;
   return 0;
+}
+
+// All of tensor `name`.
+static int bind(lks_dflash *d, const char *name, int64_t rows, int64_t cols, lks_tensor *out) {
+  return bind_part(d, name, rows, cols, 0, rows, 0, cols, out);
 }
 
 lks_dflash *lks_dflash_load(const char *dir, lks_model *target) {
@@ -170,12 +214,14 @@ lks_dflash *lks_dflash_load(const char *dir, lks_model *target) {
   if (!d) return NULL;
   d->be = lks_model_backend(target);
   d->target = target;
+  lks_model_shard_rank(target, &d->rank, &d->world);
   if (parse_config(d, dir) < 0 || validate(d, lks_model_config(target), dir) < 0) goto fail;
+  plan_shard(d);
   d->st = lks_safetensors_open(dir);
   if (!d->st) goto fail;
   d->L = calloc((size_t)d->n_layers, sizeof *d->L);
   if (!d->L) goto fail;
-  int64_t H = d->H, qd = (int64_t)d->n_heads * d->head_dim, kvd = (int64_t)d->n_kv * d->head_dim;
+  int64_t H = d->H, hd = d->head_dim, qd = d->n_heads * hd, kvd = d->n_kv * hd;
   if (bind(d, "fc.weight", H, H * d->n_cap, &d->fc) < 0 ||
       bind(d, "hidden_norm.weight", 0, H, &d->hidden_norm) < 0 ||
       bind(d, "norm.weight", 0, H, &d->norm) < 0)
@@ -183,25 +229,28 @@ lks_dflash *lks_dflash_load(const char *dir, lks_model *target) {
   for (int l = 0; l < d->n_layers; l++) {
     dlayer *L = &d->L[l];
     char n[160];
-#define B(field, name, r, c)                                     \
-  snprintf(n, sizeof n, "layers.%d.%s", l, name);                \
-  if (bind(d, n, r, c, &L->field) < 0) goto fail;
-    B(ln1, "input_layernorm.weight", 0, H)
-    B(ln2, "post_attention_layernorm.weight", 0, H)
-    B(wq, "self_attn.q_proj.weight", qd, H)
-    B(wk, "self_attn.k_proj.weight", kvd, H)
-    B(wv, "self_attn.v_proj.weight", kvd, H)
-    B(wo, "self_attn.o_proj.weight", H, qd)
-    B(q_norm, "self_attn.q_norm.weight", 0, d->head_dim)
-    B(k_norm, "self_attn.k_norm.weight", 0, d->head_dim)
-    B(gate, "mlp.gate_proj.weight", d->inter, H)
-    B(up, "mlp.up_proj.weight", d->inter, H)
-    B(down, "mlp.down_proj.weight", H, d->inter)
+    // This rank's query heads (rows of q_proj, columns of o_proj), KV heads, FFN rows.
+#define B(field, name, r, c, r0, nr, c0, nc)                            \
+  snprintf(n, sizeof n, "layers.%d.%s", l, name);                       \
+  if (bind_part(d, n, r, c, r0, nr, c0, nc, &L->field) < 0) goto fail;
+    B(ln1, "input_layernorm.weight", 0, H, 0, 0, 0, 0)
+    B(ln2, "post_attention_layernorm.weight", 0, H, 0, 0, 0, 0)
+    B(wq, "self_attn.q_proj.weight", qd, H, d->h0 * hd, d->nh * hd, 0, H)
+    B(wk, "self_attn.k_proj.weight", kvd, H, d->kv0 * hd, d->nkv * hd, 0, H)
+    B(wv, "self_attn.v_proj.weight", kvd, H, d->kv0 * hd, d->nkv * hd, 0, H)
+    B(wo, "self_attn.o_proj.weight", H, qd, 0, H, d->h0 * hd, d->nh * hd)
+    B(q_norm, "self_attn.q_norm.weight", 0, hd, 0, 0, 0, 0)
+    B(k_norm, "self_attn.k_norm.weight", 0, hd, 0, 0, 0, 0)
+    B(gate, "mlp.gate_proj.weight", d->inter, H, d->i0, d->ni, 0, H)
+    B(up, "mlp.up_proj.weight", d->inter, H, d->i0, d->ni, 0, H)
+    B(down, "mlp.down_proj.weight", H, d->inter, 0, H, d->i0, d->ni)
 #undef B
   }
   LKS_LOG(LKS_LOG_INFO, "DFlash drafter %s: %d layers, block %d, mask token %d, %d captured target "
-          "layers, %.2f MB of weights (replicated on every rank)", dir, d->n_layers, d->block,
-          d->mask_id, d->n_cap, d->weight_bytes / 1e6);
+          "layers; this rank (%d of %d): query heads %d-%d, KV heads %d-%d, FFN rows %d-%d, "
+          "%.2f MB of weights", dir, d->n_layers, d->block, d->mask_id, d->n_cap, d->rank,
+          d->world, d->h0, d->h0 + d->nh - 1, d->kv0, d->kv0 + d->nkv - 1, d->i0,
+          d->i0 + d->ni - 1, d->weight_bytes / 1e6);
   return d;
 fail:
   {
@@ -245,7 +294,7 @@ int64_t lks_dflash_weight_bytes(const lks_dflash *d) { return d->weight_bytes; }
 
 lks_kv_cache *lks_dflash_kv_new(const lks_dflash *d, int block_size, int n_blocks, int max_seqs,
                                 int max_seq_len) {
-  return lks_kv_new(d->be, d->n_layers, d->n_kv, d->head_dim, block_size, n_blocks, max_seqs,
+  return lks_kv_new(d->be, d->n_layers, d->nkv, d->head_dim, block_size, n_blocks, max_seqs,
                     max_seq_len);
 }
 
@@ -253,7 +302,7 @@ static int reserve(lks_dflash *d, int n) {
   if (n <= d->cap_rows) return 0;
   free_acts(d);
   size_t N = (size_t)n, f = sizeof(float), H = (size_t)d->H;
-  size_t qd = (size_t)d->n_heads * d->head_dim, kvd = (size_t)d->n_kv * d->head_dim;
+  size_t qd = (size_t)d->nh * d->head_dim, kvd = (size_t)d->nkv * d->head_dim;
   struct {
     lks_buf **b;
     size_t bytes;
@@ -282,11 +331,11 @@ static lks_tensor act(lks_buf *b, int n, int cols) { return lks_tensor_2d(b, 0, 
 // k = k_norm(Wk src) with RoPE at pos, v = Wv src, for layer l; into d->k, d->v.
 static int keys(lks_dflash *d, const dlayer *L, lks_tensor src, int n, const int32_t *pos) {
   lks_backend *be = d->be;
-  int kvd = d->n_kv * d->head_dim;
+  int kvd = d->nkv * d->head_dim;
   lks_tensor k = act(d->k, n, kvd), v = act(d->v, n, kvd), none = {0};
   LKS_TRY(be->ops->matmul(be, k, src, L->wk, none, false));
   LKS_TRY(be->ops->matmul(be, v, src, L->wv, none, false));
-  lks_tensor kh = lks_tensor_reshape(k, (int64_t)n * d->n_kv, d->head_dim);
+  lks_tensor kh = lks_tensor_reshape(k, (int64_t)n * d->nkv, d->head_dim);
   LKS_TRY(be->ops->rmsnorm(be, kh, kh, L->k_norm, d->eps));
   return be->ops->rope(be, k, d->head_dim, d->head_dim, d->theta, LKS_ROPE_HALF_SPLIT, pos);
 }
@@ -306,8 +355,8 @@ int lks_dflash_context(lks_dflash *d, lks_kv_cache *kv, int n, const int32_t *se
   LKS_TRY(be->ops->rmsnorm(be, c, c, d->hidden_norm, d->eps));
   for (int l = 0; l < d->n_layers; l++) {
     LKS_TRY(keys(d, &d->L[l], c, n, pos));
-    LKS_TRY(be->ops->kv_store(be, lks_kv_layer_at(kv, l), act(d->k, n, d->n_kv * d->head_dim),
-                              act(d->v, n, d->n_kv * d->head_dim), &rows));
+    LKS_TRY(be->ops->kv_store(be, lks_kv_layer_at(kv, l), act(d->k, n, d->nkv * d->head_dim),
+                              act(d->v, n, d->nkv * d->head_dim), &rows));
   }
   return 0;
 }
@@ -333,13 +382,13 @@ int lks_dflash_block(lks_dflash *d, lks_kv_cache *kv, int ns, const int32_t *seq
   if ((rc = lks_kv_rows(kv, &rows, d->slots)) < 0) goto out;
   lks_attn_rows arows = rows;
   arows.pos = d->apos;
-  int qd = d->n_heads * d->head_dim, kvd = d->n_kv * d->head_dim;
+  int qd = d->nh * d->head_dim, kvd = d->nkv * d->head_dim;
   lks_tensor x = act(d->x, n, d->H), h = act(d->h, n, d->H), none = {0};
   if ((rc = lks_model_embed(d->target, x, d->ids)) < 0) goto out;
   for (int l = 0; l < d->n_layers && rc == 0; l++) {
     const dlayer *L = &d->L[l];
     lks_tensor q = act(d->q, n, qd), att = act(d->att, n, qd);
-    lks_tensor qh = lks_tensor_reshape(q, (int64_t)n * d->n_heads, d->head_dim);
+    lks_tensor qh = lks_tensor_reshape(q, (int64_t)n * d->nh, d->head_dim);
     if ((rc = be->ops->rmsnorm(be, h, x, L->ln1, d->eps)) < 0 ||
         (rc = be->ops->matmul(be, q, h, L->wq, none, false)) < 0 ||
         (rc = be->ops->rmsnorm(be, qh, qh, L->q_norm, d->eps)) < 0 ||
@@ -347,11 +396,15 @@ int lks_dflash_block(lks_dflash *d, lks_kv_cache *kv, int ns, const int32_t *seq
         (rc = keys(d, L, h, n, bpos)) < 0 ||
         (rc = be->ops->kv_store(be, lks_kv_layer_at(kv, l), act(d->k, n, kvd), act(d->v, n, kvd),
                                 &rows)) < 0 ||
-        (rc = be->ops->attention(be, att, q, lks_kv_layer_at(kv, l), &arows, d->n_heads,
+        (rc = be->ops->attention(be, att, q, lks_kv_layer_at(kv, l), &arows, d->nh,
                                  1.0f / sqrtf((float)d->head_dim))) < 0 ||
+        (rc = lks_model_partial_start(d->target, x)) < 0 ||
         (rc = be->ops->matmul(be, x, att, L->wo, none, true)) < 0 ||
+        (rc = lks_model_allreduce(d->target, x, "dflash attention", l)) < 0 ||
         (rc = be->ops->rmsnorm(be, h, x, L->ln2, d->eps)) < 0 ||
-        (rc = be->ops->expert(be, x, h, NULL, NULL, n, L->gate, L->up, L->down)) < 0)
+        (rc = lks_model_partial_start(d->target, x)) < 0 ||
+        (rc = be->ops->expert(be, x, h, NULL, NULL, n, L->gate, L->up, L->down)) < 0 ||
+        (rc = lks_model_allreduce(d->target, x, "dflash ffn", l)) < 0)
       goto out;
   }
   // Rows 1 .. B - 1 of each block through norm and the target's lm_head.

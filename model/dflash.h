@@ -17,9 +17,12 @@
 //   - the block's own K/V rows are dropped after the forward; after a verify the accepted rows'
 //     features become context rows.
 //
-// The drafter is replicated on every rank (its weights are small; every rank computes the same
-// thing); only its lm_head product is vocabulary-split, as the target's is, so the arg-max is a
-// collective at world > 1.
+// The drafter is split like the target (DESIGN.md section 5): each rank holds its query heads
+// (rows of q_proj, columns of o_proj), their KV heads (rows of k_proj and v_proj, and only those
+// in its context cache) and its rows of the FFN (gate and up by rows, down by columns), with one
+// all-reduce after each layer's attention and one after its FFN; fc and the norms are replicated.
+// The lm_head product is the target's, vocabulary-split, so the arg-max is a collective too. A
+// forward of the drafter is therefore a collective call at world > 1.
 //
 // A drafter is used from one thread at a time, by the engine of its target model.
 #ifndef LKS_DFLASH_H
@@ -35,9 +38,10 @@ typedef struct lks_dflash lks_dflash;
 
 enum { LKS_DFLASH_MAX_CAPTURE = 8, LKS_DFLASH_MAX_DRAFTS = 16 };  // the latter: LKS_MAX_DRAFTS
 
-// Loads the drafter in DIR (config.json with dflash_config, model.safetensors) for `target`,
-// checking every tensor and that its sizes fit the target (hidden size, vocabulary, layer ids).
-// The weights are mapped, not copied. NULL on failure with lks_last_error().
+// Loads this rank's shard of the drafter in DIR (config.json with dflash_config,
+// model.safetensors) for `target` (split as the target is), checking every tensor, that its sizes
+// fit the target (hidden size, vocabulary, layer ids) and that it splits the target's world size
+// ways. The weights are mapped, not copied. NULL on failure with lks_last_error().
 lks_dflash *lks_dflash_load(const char *dir, lks_model *target);
 void lks_dflash_free(lks_dflash *d);
 

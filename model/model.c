@@ -515,6 +515,10 @@ void lks_model_free(lks_model *m) {
 const lks_config *lks_model_config(const lks_model *m) { return &m->cfg; }
 bool lks_model_has_mtp(const lks_model *m) { return m->cfg.n_mtp > 0; }
 lks_backend *lks_model_backend(const lks_model *m) { return m->be; }
+void lks_model_shard_rank(const lks_model *m, int *rank, int *world) {
+  *rank = m->sh.rank;
+  *world = m->sh.world;
+}
 
 lks_kv_cache *lks_model_kv_new(const lks_model *m, bool mtp, int block_size, int n_blocks,
                                int max_seqs, int max_seq_len) {
@@ -628,17 +632,14 @@ shared:
   return lks_backend_experts(be, x, h, m->exp_calls, n_calls);
 }
 
-// Sums the partial results of every rank into x (a no-op at world 1).
-static int allreduce(lks_model *m, lks_tensor x, const char *what, int layer) {
+int lks_model_allreduce(lks_model *m, lks_tensor x, const char *what, int layer) {
   if (!m->comm) return 0;
   lks_comm_where w = {what, layer};
   void *p = (char *)m->be->ops->buf_ptr(m->be, x.buf) + x.offset;
   return m->comm->ops->allreduce_sum(m->comm, p, (size_t)(x.rows * x.cols), LKS_F32, w);
 }
 
-// Before a sharded block adds its partial result into the residual x: at world > 1 only rank 0
-// keeps x, the others start from zero, so that the all-reduce adds x exactly once.
-static int partial_start(lks_model *m, lks_tensor x) {
+int lks_model_partial_start(lks_model *m, lks_tensor x) {
   if (!m->comm || m->sh.rank == 0) return 0;
   return m->be->ops->zero(m->be, x);
 }
@@ -669,7 +670,7 @@ static int gqa_attention(lks_model *m, const layer_w *L, lks_tensor x, lks_tenso
   LKS_TRY(be->ops->kv_store(be, kv, k, v, rows));
   LKS_TRY(be->ops->attention(be, att, q, kv, rows, nh, 1.0f / sqrtf((float)c->head_dim)));
   lks_tensor none = {0};
-  LKS_TRY(partial_start(m, x));
+  LKS_TRY(lks_model_partial_start(m, x));
   return be->ops->matmul(be, x, att, L->wo, none, true);
 }
 
@@ -684,19 +685,19 @@ static int layer_forward(lks_model *m, int l, const layer_w *L, const lks_kv_cac
   lks_tensor x = act(m->a.x, n, H), h = act(m->a.h, n, H);
   LKS_TRY(be->ops->rmsnorm(be, h, x, L->ln1, c->eps));
   if (m->mla) {
-    LKS_TRY(partial_start(m, x));
+    LKS_TRY(lks_model_partial_start(m, x));
     LKS_TRY(lks__mla_forward(m->mla, l, x, h, kv, kl, rows, n));
   } else {
     LKS_TRY(gqa_attention(m, L, x, h, lks_kv_layer_at(kv, kl), rows, pos, n));
   }
-  LKS_TRY(allreduce(m, x, "attention", l));
+  LKS_TRY(lks_model_allreduce(m, x, "attention", l));
   LKS_TRY(be->ops->rmsnorm(be, h, x, L->ln2, c->eps));
-  LKS_TRY(partial_start(m, x));
+  LKS_TRY(lks_model_partial_start(m, x));
   if (L->moe)
     LKS_TRY(moe(m, L, x, h, n));
   else
     LKS_TRY(be->ops->expert(be, x, h, NULL, NULL, n, L->dense.gate, L->dense.up, L->dense.down));
-  return allreduce(m, x, L->moe ? "moe" : "ffn", l);
+  return lks_model_allreduce(m, x, L->moe ? "moe" : "ffn", l);
 }
 
 static int check_batch(const lks_model *m, const lks_batch *b) {

@@ -94,6 +94,14 @@ lks_dflash *lks_model_dflash(const lks_model *m);
 // residual stream after each captured layer, concatenated in the drafter's order. A view into a
 // buffer the model owns, valid until the next forward.
 lks_tensor lks_model_captured(const lks_model *m);
+// This rank and the world size the model is split over (0 and 1 without a communicator).
+void lks_model_shard_rank(const lks_model *m, int *rank, int *world);
+// Before a sharded block adds its partial result into the residual x: at world > 1 only rank 0
+// keeps x, the others start from zero, so that lks_model_allreduce adds x exactly once.
+int lks_model_partial_start(lks_model *m, lks_tensor x);
+// x (f32) = the sum of every rank's x, in place (a no-op at world 1). A collective; what and
+// layer name it in a timeout's message.
+int lks_model_allreduce(lks_model *m, lks_tensor x, const char *what, int layer);
 // out [n, H] = the embeddings of ids (replicated on every rank).
 int lks_model_embed(lks_model *m, lks_tensor out, const int32_t *ids);
 // *logits [x.rows, V_local] = lm_head x (this rank's vocabulary rows, as lks_model_forward's),

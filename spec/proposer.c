@@ -9,7 +9,7 @@
 //   the backlog is paired in one batched MTP forward at the next propose, or by catchup when it
 //   is full. Batched or one at a time, the drafter's KV rows are the same (the kernels are
 //   batch-invariant).
-// - dflash: a DFlash block drafter (model/dflash.h), replicated on every rank, so every propose
+// - dflash: a DFlash block drafter (model/dflash.h), sharded like the target, so every propose
 //   is a collective command (EP_CMD_DFLASH_PROPOSE) run on every rank; one block forward drafts up
 //   to block_size - 1 tokens. Its state on rank 0 is the block's first token (the last verified
 //   one) and its position; the engines keep the context (the target features of committed

@@ -92,16 +92,11 @@ lks_engine *lks_engine_new(lks_model *m, int max_slots, int max_seq_len, int blo
       e->spec[i].feat = be->ops->buf_alloc(be, (MAX_DRAFTS + 1) * F * sizeof(float));
       if (!e->spec[i].feat) goto fail;
     }
-    if (o && o->prefix_cache) {
-      // Cached blocks carry the MTP drafter's rows, not DFlash context rows.
-      lks_set_error(LKS_EUNSUPPORTED, "the prefix cache does not carry the DFlash drafter's context "
-                    "(turn it off with --no-prefix-cache)");
-      goto fail;
-    }
   }
   if (o && o->prefix_cache) {
     e->hist = malloc((size_t)max_slots * (size_t)max_seq_len * sizeof *e->hist);
-    e->prefix = lks_prefix_new(lks_model_backend(m), e->kv, e->mkv, lks_model_config(m)->hidden);
+    e->prefix = e->df ? lks_prefix_new(lks_model_backend(m), e->kv, e->dkv, 0)
+                      : lks_prefix_new(lks_model_backend(m), e->kv, e->mkv, lks_model_config(m)->hidden);
     if (!e->hist || !e->prefix) goto fail;
   }
   return e;
@@ -141,10 +136,13 @@ void lks_engine_free(lks_engine *e) {
   free(e);
 }
 
+// The drafter's cache: the DFlash drafter's context when there is one, else the MTP layer's.
+static lks_kv_cache *drafter_kv(const lks_engine *e) { return e->df ? e->dkv : e->mkv; }
+
 lks_model *lks_engine_model(const lks_engine *e) { return e->m; }
 void lks_engine_free_blocks(const lks_engine *e, int *target, int *drafter) {
   *target = lks_kv_free_blocks(e->kv);
-  *drafter = e->dkv ? lks_kv_free_blocks(e->dkv) : e->mkv ? lks_kv_free_blocks(e->mkv) : 0;
+  *drafter = drafter_kv(e) ? lks_kv_free_blocks(drafter_kv(e)) : 0;
 }
 int lks_engine_slot_len(const lks_engine *e, int slot) {
   return slot >= 0 && slot < e->max_slots ? lks_kv_seq_len(e->kv, slot) : -1;
@@ -161,7 +159,7 @@ void lks_engine_prefix_stats(const lks_engine *e, lks_prefix_stats *st) {
 }
 
 int lks_engine_kv_read(const lks_engine *e, int slot, bool drafter, int pos, float *out) {
-  const lks_kv_cache *kv = drafter ? e->mkv : e->kv;
+  const lks_kv_cache *kv = drafter ? drafter_kv(e) : e->kv;
   if (!kv || slot < 0 || slot >= e->max_slots || pos < 0 || pos >= lks_kv_seq_len(kv, slot))
     return lks_set_error(LKS_ERANGE, "kv read: slot %d position %d is not held", slot, pos);
   int B = lks_kv_block_size(kv), at = lks_kv_seq_block(kv, slot, pos / B) * B + pos % B;
@@ -181,7 +179,7 @@ int lks_engine_kv_read(const lks_engine *e, int slot, bool drafter, int pos, flo
 }
 
 size_t lks_engine_kv_row_floats(const lks_engine *e, bool drafter) {
-  const lks_kv_cache *kv = drafter ? e->mkv : e->kv;
+  const lks_kv_cache *kv = drafter ? drafter_kv(e) : e->kv;
   if (!kv) return 0;
   // Layers differ in width in the MLA cache (latent + rope key, then the indexer's keys or none).
   size_t f = 0;
@@ -351,11 +349,15 @@ static int exec_attach(lks_engine *e, const Lockstep__Forward *f) {
   for (size_t i = 0; i < f->n_seqs; i++) {
     const Lockstep__SlotTokens *s = f->seqs[i];
     int L = (int)s->n_tokens, B = lks_kv_block_size(e->kv);
-    bool drafter = f->mtp && e->mkv;
-    lks_tensor hid = drafter ? hid_view(e, s->slot, 1) : (lks_tensor){0};
+    bool drafter = f->mtp && drafter_kv(e);
+    lks_tensor hid = drafter && !e->df ? hid_view(e, s->slot, 1) : (lks_tensor){0};
     LKS_TRY(lks_prefix_attach(e->prefix, (int)s->slot, s->tokens, L / B, drafter, hid));
     memcpy(e->hist + (size_t)s->slot * e->max_len, s->tokens, (size_t)L * sizeof *s->tokens);
-    if (drafter) {
+    if (drafter && e->df) {
+      // The DFlash context holds every position of the prefix.
+      e->spec[s->slot].hid_rows = 0;
+      e->spec[s->slot].valid = L;
+    } else if (drafter) {
       // The drafter holds rows [0, L - 1); h_{L-1} waits for the first token after the prefix.
       spec_slot *sp = &e->spec[s->slot];
       sp->hid_rows = 1;
@@ -370,8 +372,8 @@ static int exec_attach(lks_engine *e, const Lockstep__Forward *f) {
 static int cache_slot(lks_engine *e, int slot) {
   if (!e->prefix) return 0;
   int len = lks_kv_seq_len(e->kv, slot), dlen = 0;
-  if (e->mkv) {
-    dlen = lks_kv_seq_len(e->mkv, slot);
+  if (drafter_kv(e)) {
+    dlen = lks_kv_seq_len(drafter_kv(e), slot);
     if (dlen > e->spec[slot].valid) dlen = e->spec[slot].valid;
   }
   return lks_prefix_insert(e->prefix, slot, e->hist + (size_t)slot * e->max_len, len, dlen);
@@ -386,7 +388,7 @@ static int record_rows(lks_engine *e, int n, lks_tensor hidden) {
   for (int r = 0; r < n; r++) {
     int slot = e->seq[r], pos = e->pos[r];
     e->hist[(size_t)slot * e->max_len + pos] = e->tok[r];
-    if (e->mkv && pos % B == B - 1) {
+    if (e->mkv && !e->df && pos % B == B - 1) {
       int32_t row = r;
       LKS_TRY(be->ops->gather_rows(be, lks_prefix_hidden(e->prefix, lks_kv_seq_block(e->kv, slot, pos / B)),
                                    hidden, &row));

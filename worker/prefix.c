@@ -20,6 +20,7 @@ typedef struct entry {
 struct lks_prefix {
   lks_backend *be;
   lks_kv_cache *kv, *mkv;
+  bool pairs;        // a drafter row pairs h_p with token p + 1 (MTP), not tokens <= p (DFlash)
   int B, H, cap;
   entry *e;          // [cap]
   int32_t *tok;      // [cap * B] each entry's tokens (an exact match, not just the key)
@@ -53,6 +54,7 @@ lks_prefix *lks_prefix_new(lks_backend *be, lks_kv_cache *kv, lks_kv_cache *mkv,
   p->mkv = mkv;
   p->B = lks_kv_block_size(kv);
   p->H = hidden;
+  p->pairs = mkv && hidden > 0;
   p->cap = lks_kv_n_blocks(kv);
   uint64_t nb = 1;
   while (nb < (uint64_t)p->cap * 2) nb <<= 1;
@@ -61,8 +63,8 @@ lks_prefix *lks_prefix_new(lks_backend *be, lks_kv_cache *kv, lks_kv_cache *mkv,
   p->tok = malloc((size_t)p->cap * (size_t)p->B * sizeof *p->tok);
   p->bucket = malloc(nb * sizeof *p->bucket);
   p->spare = malloc((size_t)p->cap * sizeof *p->spare);
-  if (mkv) p->hid = be->ops->buf_alloc(be, (size_t)p->cap * (size_t)hidden * sizeof(float));
-  if (!p->e || !p->tok || !p->bucket || !p->spare || (mkv && !p->hid)) {
+  if (p->pairs) p->hid = be->ops->buf_alloc(be, (size_t)p->cap * (size_t)hidden * sizeof(float));
+  if (!p->e || !p->tok || !p->bucket || !p->spare || (p->pairs && !p->hid)) {
     lks_set_error(LKS_ENOMEM, "prefix cache: out of memory for %d entries", p->cap);
     lks_prefix_free(p);
     return NULL;
@@ -184,7 +186,7 @@ static int walk(const lks_prefix *p, const int32_t *tok, int n, bool drafter, in
     int32_t i = find(p, chain_key(parent, t, p->B), parent, t);
     if (i < 0) break;
     const entry *e = &p->e[i];
-    if (drafter && e->dblock < 0) break;
+    if (drafter && (e->dblock < 0 || (!p->pairs && !e->dfull))) break;
     if (idx) idx[c] = i;
     c = b + 1;
     // A drafter block without its last row can end a prefix, not go on into the next block.
@@ -216,7 +218,10 @@ int lks_prefix_attach(lks_prefix *p, int slot, const int32_t *tok, int n_blocks,
     db[i] = p->e[idx[i]].dblock;
   }
   if ((rc = lks_kv_seq_attach(p->kv, slot, tb, n_blocks, L)) < 0) goto done;
-  if (drafter) {
+  if (drafter && !p->pairs) {
+    // DFlash: every row of the prefix's drafter blocks is this sequence's too.
+    if ((rc = lks_kv_seq_attach(p->mkv, slot, db, n_blocks, L)) < 0) goto done;
+  } else if (drafter) {
     // The drafter's last block gets its own copy: its last row will pair h_{L-1} with this
     // sequence's next token.
     if ((rc = lks_kv_seq_attach(p->mkv, slot, db, n_blocks, L - 1)) < 0) goto done;
@@ -259,11 +264,11 @@ int lks_prefix_insert(lks_prefix *p, int slot, const int32_t *tok, int len, int 
       p->st.inserted++;
       p->st.entries++;
     }
-    // The drafter's rows of this block: all but the last make it usable at the end of a prefix,
-    // the last one too for a prefix that goes on past this block. A fuller block replaces a
-    // less full one.
+    // The drafter's rows of this block: with pairs, all but the last make it usable at the end
+    // of a prefix, the last one too for a prefix that goes on past this block; without, only
+    // all of them. A fuller block replaces a less full one.
     entry *e = &p->e[i];
-    bool d_some = dlen >= (b + 1) * p->B - 1, d_full = dlen >= (b + 1) * p->B;
+    bool d_full = dlen >= (b + 1) * p->B, d_some = p->pairs ? dlen >= (b + 1) * p->B - 1 : d_full;
     if (p->mkv && d_some && (e->dblock < 0 || (!e->dfull && d_full))) {
       if (e->dblock >= 0) lks_kv_block_unref(p->mkv, e->dblock);
       e->dblock = lks_kv_seq_block(p->mkv, slot, b);

@@ -14,7 +14,9 @@
 // with tokens inside the prefix), a private copy of the drafter's block n - 1 without its last
 // row (that row pairs h_{L-1} with the next token, which this sequence may not share), and
 // h_{L-1}, which the drafter pairs with the first token after the prefix: exactly the row a
-// prefill would have computed, and nothing else is recomputed.
+// prefill would have computed, and nothing else is recomputed. A DFlash drafter's context row at
+// p depends on the tokens up to p only (the captured target layers' outputs there), so its cached
+// blocks are shared whole, like the target's, and only blocks with every row computed are kept.
 //
 // Entries whose blocks no sequence holds are evicted least recently used first when the KV pool
 // runs out of free blocks. Called from the engine's thread only.
@@ -34,8 +36,9 @@ typedef struct lks_prefix_stats {
   int entries;
 } lks_prefix_stats;
 
-// An index over kv's blocks (and mkv's, the drafter's, when not NULL; hidden states of `hidden`
-// floats kept per entry then). Installs itself as the caches' eviction hook.
+// An index over kv's blocks (and mkv's, the drafter's, when not NULL: with hidden > 0 the MTP
+// layer's, hidden states of `hidden` floats kept per entry; with hidden 0 a DFlash drafter's).
+// Installs itself as the caches' eviction hook.
 lks_prefix *lks_prefix_new(lks_backend *be, lks_kv_cache *kv, lks_kv_cache *mkv, int hidden);
 void lks_prefix_free(lks_prefix *p);
 

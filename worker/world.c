@@ -231,7 +231,7 @@ lks_world *lks_world_start(const lks_settings *s, const char *dir, int max_slots
   lks_engine_opts eo = {0};
   eo.prefix_cache = lks_settings_bool(s, "prefix-cache");
   if (strcmp(lks_settings_str(s, "spec"), "dflash") == 0) {
-    // Every rank loads the whole drafter (replicated; model/dflash.h).
+    // Every rank loads its shard of the drafter (model/dflash.h).
     const char *dd = lks_settings_str(s, "draft-model");
     char ddir[4096];
     snprintf(ddir, sizeof ddir, "%s/dflash", dir);
@@ -241,10 +241,6 @@ lks_world *lks_world_start(const lks_settings *s, const char *dir, int max_slots
       lks_dflash_free(d);
       goto fail;
     }
-    if (eo.prefix_cache)
-      LKS_LOG(LKS_LOG_WARN, "--spec dflash: the prefix cache is off (cached blocks do not carry the "
-              "drafter's context rows)");
-    eo.prefix_cache = false;
   }
   if (kv_blocks(w, s, max_slots, &eo.n_blocks) < 0) goto fail;
   w->engine = lks_engine_new(w->model, max_slots, (int)lks_settings_int(s, "max-seq-len"),

@@ -3,12 +3,12 @@
 //
 // usage: [mpirun -np N] test_prefix MODEL_DIR PROMPTS SPEC [N_GEN]
 //
-// SPEC is "off" or "mtp" (K = 3, the gate off). Conversations of three turns are built from the
+// SPEC is "off", "mtp" or "dflash" (K = 3, the gate off; dflash: the drafter in MODEL_DIR/dflash). Conversations of three turns are built from the
 // prompts (one per line, comma-separated ids): turn t's prompt is the previous turn's prompt, its
 // output, and the next prompt line, so each turn starts with everything before it, ending in the
 // middle of a block. Each turn runs twice through the scheduler: with the cache (it must hit, from
 // turn 2 on) and again after EP_CMD_CLEAR_CACHE (it must not). Both runs must produce the same
-// tokens and, with mtp, the same per-position acceptance: the drafter's KV travels with the
+// tokens and, with a drafter, the same per-position acceptance: the drafter's KV travels with the
 // target's exactly. Then the edge cases: a prompt whose cached prefix ends one token before a
 // block boundary, two requests sharing a prefix at once, and hits after eviction pressure (the
 // pool is sized with --kv-blocks to a few sequences). At the end, after a clear, every KV block
@@ -41,8 +41,9 @@ static void expect(bool ok, const char *what) {
 }
 
 // At the first token of a run alone (slot 0), every KV row of the prompt: the target's rows
-// 0..n-1 and the drafter's 0..n-2 (those a prefill pairs with tokens inside the prompt), K and V
-// of every layer, for a bitwise comparison of a run from the cache with a cold one.
+// 0..n-1 and the drafter's, K and V of every layer, for a bitwise comparison of a run from the
+// cache with a cold one. The MTP layer's rows 0..n-2 (those a prefill pairs with tokens inside the
+// prompt), the DFlash drafter's context rows 0..n-1.
 static struct {
   lks_world *w;
   int n_prompt;
@@ -54,14 +55,14 @@ static struct {
 static void snapshot(void) {
   const lks_engine *e = snap.w->engine;
   size_t t = lks_engine_kv_row_floats(e, false), d = lks_engine_kv_row_floats(e, true);
-  bool drafter = strcmp(spec, "mtp") == 0;
-  snap.n_floats = (size_t)snap.n_prompt * t + (drafter ? (size_t)(snap.n_prompt - 1) * d : 0);
+  int drafter = strcmp(spec, "mtp") == 0 ? snap.n_prompt - 1 : strcmp(spec, "dflash") == 0 ? snap.n_prompt : 0;
+  snap.n_floats = (size_t)snap.n_prompt * t + (size_t)drafter * d;
   free(snap.rows);
   snap.rows = malloc(snap.n_floats * sizeof *snap.rows);
   float *o = snap.rows;
   for (int p = 0; p < snap.n_prompt; p++, o += t)
     if (lks_engine_kv_read(e, 0, false, p, o) < 0) snap.n_floats = 0;
-  for (int p = 0; drafter && p + 1 < snap.n_prompt; p++, o += d)
+  for (int p = 0; p < drafter; p++, o += d)
     if (lks_engine_kv_read(e, 0, true, p, o) < 0) snap.n_floats = 0;
 }
 
@@ -214,7 +215,8 @@ int main(int argc, char **argv) {
   if (!set || lks_settings_set(set, "max-seq-len", "256", "test") < 0 ||
       lks_settings_set(set, "threads", "1", "test") < 0 ||
       lks_settings_set(set, "kv-blocks", "40", "test") < 0 ||
-      lks_settings_set(set, "max-slots", "2", "test") < 0) {
+      lks_settings_set(set, "max-slots", "2", "test") < 0 ||
+      (strcmp(spec, "dflash") == 0 && lks_settings_set(set, "spec", "dflash", "test") < 0)) {
     fprintf(stderr, "settings: %s\n", lks_last_error());
     return 2;
   }
