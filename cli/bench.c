@@ -202,11 +202,10 @@ static int roofline(lks_world *w, lks_sched_opts *so, const char *spec, const in
     if ((rc = bench_run(w, so, tok, n_pre, n_dec, &bc, &sp)) < 0) break;
     if (!sp.spec_steps) continue;
     double steps = (double)sp.spec_steps, prop = sp.t_propose / steps;
-    double verify = sp.t_spec / steps - prop, e = 1, run = 1;
-    for (int i = 0; i < k; i++) {
-      run *= sp.proposed[i] ? (double)sp.accepted[i] / (double)sp.proposed[i] : 0;
-      e += run;
-    }
+    // accepted[i] counts the rounds whose drafts up to i were all accepted, of proposed[i] that
+    // drafted i: each ratio is already the product of the conditional rates, and E their sum.
+    double verify = sp.t_spec / steps - prop, e = 1;
+    for (int i = 0; i < k; i++) e += sp.proposed[i] ? (double)sp.accepted[i] / (double)sp.proposed[i] : 0;
     double roof = e * t0 / (prop + verify);
     double achieved = (sp.tok_spec / sp.t_spec) / (plain.tok_plain / plain.t_plain);
     printf("  %d  %12.2f  %11.3f  %14.3f  %8.2f  %8.2f  %8.2f\n", k, verify / t0, prop / k / t0, e,
@@ -330,8 +329,9 @@ int lks_cmd_bench(lks_settings *s) {
     printf("acceptance per draft position:");
     for (int i = 0; i < sst.k_max; i++)
       printf(" %d: %.3f", i + 1, sst.proposed[i] ? (double)sst.accepted[i] / (double)sst.proposed[i] : 0.0);
-    printf("; mean accepted length %.3f tokens per round, %.3f tokens per target forward\n",
-           sst.rounds ? (double)sst.tok_spec / (double)sst.rounds : 0.0,
+    printf("; mean accepted length %.3f tokens per round (%llu rounds), %.3f tokens per target "
+           "forward\n", sst.rounds ? (double)sst.tok_spec / (double)sst.rounds : 0.0,
+           (unsigned long long)sst.rounds,
            sst.target_forwards ? (double)sst.emitted / (double)sst.target_forwards : 0.0);
   }
   rc = 0;
