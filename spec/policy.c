@@ -15,8 +15,9 @@
 // it costs what it costs in a plain step (the shared plain(w)).
 //
 // The costs are medians per batch width of the last samples the scheduler measures on rank 0:
-// plain steps and one-draft steps are measured first; a deeper K's row cost, until measured, is
-// the one below it (it is tried when that says it pays), and the neighbours of the chosen K are
+// plain steps (after one warm-up step, not counted) and one-draft steps are measured first; a
+// deeper K's row cost, until measured, is the one below it (it is tried when that says it
+// pays), and the neighbours of the chosen K are
 // probed now and then so that the averages follow the machine: after 32 steps, then after twice
 // as many each time a probe leaves the choice as it was (up to 512), after 32 again when it
 // changes it; after 512 while the costs say no K could pay even if every draft were accepted.
@@ -28,11 +29,12 @@
 #include "core/error.h"
 #include "spec/spec.h"
 
-// Samples of a plain step's cost before it is trusted (one-draft steps need one); steps between
+// Samples of a plain step's cost before it is trusted, after the first plain step (one-draft
+// steps need one); steps between
 // probes of the neighbouring K, doubled after each probe that left the choice as it was, up to
 // the most; the weight of a new observation in the averages; the acceptance a sequence starts
 // from before the pooled one is known.
-enum { POLICY_SAMPLES = 2, POLICY_PROBE_EVERY = 32, POLICY_PROBE_MOST = 512 };
+enum { POLICY_SAMPLES = 3, POLICY_PROBE_EVERY = 32, POLICY_PROBE_MOST = 512 };
 static const double ACC_W = 0.2, ACC_PRIOR = 0.6;
 // Speculation must beat plain decoding by this fraction to be chosen: costs are measured on a
 // machine that may be shared, and a choice within the noise of plain decoding is no gain.
@@ -224,11 +226,12 @@ void lks_policy_record(lks_policy *p, int w, int K, int R, double t_propose, dou
   if (t_step <= 0) return;
   int wi = width_index(p, w);
   if (K == 0) {
-    p->c[wi].plain = ring_put(&p->r[wi].plain, t_step);
-    p->n_plain[wi]++;
+    // The first plain step of a width warms caches and buffers up (measured: 1.5x the ones
+    // after it on the default model), and a plain cost set too high makes every draft look free.
+    if (p->n_plain[wi]++ > 0) p->c[wi].plain = ring_put(&p->r[wi].plain, t_step);
     return;
   }
-  if (K > p->k_max || R <= 0 || !p->n_plain[wi]) return;
+  if (K > p->k_max || R <= 0 || p->n_plain[wi] < 2) return;
   p->c[wi].draft = ring_put(&p->r[wi].draft, t_propose / K);
   p->n_draft[wi]++;
   double verify = t_step - t_propose - p->c[wi].plain;
@@ -249,7 +252,7 @@ int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, in
   // measured, a K's row cost is taken from the deepest measured K below it, and it runs only
   // when that extrapolation says it pays (then it is measured).
   int explore = -1;
-  if (p->n_plain[wi] < POLICY_SAMPLES) explore = 0;
+  if (p->n_plain[wi] < POLICY_SAMPLES + 1) explore = 0;  // + the warm-up step
   else if (cap >= 1 && p->n_row[wi][1] < 1) explore = 1;
   // Probe: now and then the K next to the last choice (above, below) or plain decoding, for two
   // steps (the first of a probe from plain decoding catches the drafter up, which is not a
