@@ -20,7 +20,8 @@
 // pays), and the neighbours of the chosen K are
 // probed now and then so that the averages follow the machine: after 32 steps, then after twice
 // as many each time a probe leaves the choice as it was (up to 512), after 32 again when it
-// changes it; after 512 while the costs say no K could pay even if every draft were accepted.
+// changes it; after 512 while the costs say no K could pay even if every draft were accepted,
+// and from plain decoding the less often the less any K could gain (probe_interval).
 // Nothing here changes tokens: the verify rule makes the output independent of K.
 #include <math.h>
 #include <stdlib.h>
@@ -72,9 +73,10 @@ struct lks_policy {
   int *n_plain, *n_draft, (*n_row)[LKS_MAX_DRAFTS + 1];  // samples per cost, [n_widths]
   int *since_probe, *last_k, *probe_k, *probe_left;      // [n_widths]
   int *probe_every, *probe_from;                          // [n_widths]; probe_from: K before it
-  bool *hopeless;  // [n_widths] no K pays even if every draft were accepted: probe rarely
+  double *ceiling;  // [n_widths] the best K's rate over plain's were every draft accepted
   int probe_turn;
   double acc[LKS_MAX_DRAFTS];  // pooled acceptance per position, every sequence's observations
+  int depth;                   // positions of acc observed (deeper: the last observed one's)
   bool acc_seen;
 };
 
@@ -171,10 +173,10 @@ lks_policy *lks_policy_new(int max_width, int k_max) {
   p->probe_left = calloc(n, sizeof *p->probe_left);
   p->probe_every = calloc(n, sizeof *p->probe_every);
   p->probe_from = calloc(n, sizeof *p->probe_from);
-  p->hopeless = calloc(n, sizeof *p->hopeless);
+  p->ceiling = calloc(n, sizeof *p->ceiling);
   if (!p->c || !p->r || !p->n_plain || !p->n_draft || !p->n_row || !p->since_probe ||
       !p->last_k || !p->probe_k || !p->probe_left || !p->probe_every || !p->probe_from ||
-      !p->hopeless) {
+      !p->ceiling) {
     lks_policy_free(p);
     lks_set_error(LKS_ENOMEM, "policy: out of memory");
     return NULL;
@@ -197,7 +199,7 @@ void lks_policy_free(lks_policy *p) {
   free(p->probe_left);
   free(p->probe_every);
   free(p->probe_from);
-  free(p->hopeless);
+  free(p->ceiling);
   free(p);
 }
 
@@ -211,11 +213,21 @@ void lks_policy_seq_init(const lks_policy *p, lks_policy_seq *s) {
 }
 
 void lks_policy_observe(lks_policy *p, lks_policy_seq *s, int k, int accepted) {
-  // Position j's acceptance is observed when the drafts before it were all accepted.
-  for (int j = 0; j < k && j <= accepted; j++) {
+  // Position j's acceptance is observed when the drafts before it were all accepted. A position
+  // never observed takes the acceptance of the deepest one observed (not the prior): a drafter
+  // that is right 9 times in 10 at the first draft is tried deeper, one that is always wrong is
+  // not.
+  int seen = k < accepted + 1 ? k : accepted + 1;
+  for (int j = 0; j < seen; j++) {
     double x = j < accepted ? 1.0 : 0.0;
     s->acc[j] = (float)((1 - ACC_W) * s->acc[j] + ACC_W * x);
     if (p) p->acc[j] = (1 - ACC_W) * p->acc[j] + ACC_W * x;
+  }
+  if (seen > s->depth) s->depth = seen;
+  for (int j = s->depth; j < LKS_MAX_DRAFTS && s->depth > 0; j++) s->acc[j] = s->acc[s->depth - 1];
+  if (p) {
+    if (seen > p->depth) p->depth = seen;
+    for (int j = p->depth; j < LKS_MAX_DRAFTS && p->depth > 0; j++) p->acc[j] = p->acc[p->depth - 1];
   }
   s->rounds++;
   if (p) p->acc_seen = true;
@@ -243,6 +255,19 @@ const lks_policy_costs *lks_policy_costs_at(const lks_policy *p, int w) {
   return &p->c[width_index(p, w)];
 }
 
+// Steps between probes at width wi: the longest while no K could pay even if every draft were
+// accepted (only the costs can change that). From plain decoding, longer the less any K could
+// gain at best: such a probe pays a drafter catch-up and drafts that the acceptance seen so far
+// says will mostly fail, so the interval grows by 0.25 / (ceiling - 1), 1 to 16 times (a K that
+// could at best gain 7 % is probed every 115 steps, not 32).
+static int probe_interval(const lks_policy *p, int wi) {
+  double gain = p->ceiling[wi] - 1;
+  if (gain < POLICY_MARGIN) return POLICY_PROBE_MOST;
+  double every = p->probe_every[wi];
+  if (p->last_k[wi] == 0) every *= 0.25 / gain < 1 ? 1 : 0.25 / gain > 16 ? 16 : 0.25 / gain;
+  return every < POLICY_PROBE_MOST ? (int)every : POLICY_PROBE_MOST;
+}
+
 int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, int n, int *k,
                     int *scratch) {
   int wi = width_index(p, n), cap = 0;
@@ -261,7 +286,7 @@ int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, in
     p->probe_left[wi]--;
     explore = p->probe_k[wi] <= cap ? p->probe_k[wi] : cap;
   } else if (explore < 0 &&
-             ++p->since_probe[wi] >= (p->hopeless[wi] ? POLICY_PROBE_MOST : p->probe_every[wi])) {
+             ++p->since_probe[wi] >= probe_interval(p, wi)) {
     p->since_probe[wi] = 0;
     p->probe_from[wi] = p->last_k[wi];
     // Above, below, then plain decoding (the baseline every choice is measured against).
@@ -294,14 +319,14 @@ int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, in
   double plain = n / c.plain;
   if (best < (1 + POLICY_MARGIN) * plain)
     for (int i = 0; i < n; i++) k[i] = 0;
-  // Hopeless: even with every draft accepted (E = 1 + K) no K would beat plain decoding; only
-  // the costs can change that, so the probes that follow them come at the longest interval.
+  // The ceiling: every draft accepted (E = 1 + K), the best K's rate over plain decoding's; it
+  // sets how often the probes come (probe_interval).
   double bound = 0;
   for (int K = 1; K <= cap; K++) {
     double r = n * (1.0 + K) / lks_policy_step_cost(&c, K, n * K);
     bound = r > bound ? r : bound;
   }
-  p->hopeless[wi] = bound < (1 + POLICY_MARGIN) * plain;
+  p->ceiling[wi] = bound / plain;
   int K = 0;
   for (int i = 0; i < n; i++) K = k[i] > K ? k[i] : K;
   p->last_k[wi] = K;

@@ -229,13 +229,18 @@ START_TEST(policy_explores_then_exploits) {
   ck_assert(fabs(c->plain - 0.010) < 1e-9 && fabs(c->draft - 0.001) < 1e-9);
   ck_assert(fabs(c->row[1] - 0.002) < 1e-9 && fabs(c->row[2] - 0.002) < 1e-9);
   // A sequence whose drafts are all rejected: its acceptance at position 1 falls, position 2
-  // is never observed (the draft before it was rejected) and stays.
+  // is never observed (the draft before it was rejected) and follows position 1.
   lks_policy_seq b;
   lks_policy_seq_init(NULL, &b);
-  float a2 = b.acc[1];
   for (int i = 0; i < 30; i++) lks_policy_observe(NULL, &b, 2, 0);
   ck_assert(b.acc[0] < 0.01f);
-  ck_assert(b.acc[1] == a2);
+  ck_assert(b.acc[1] == b.acc[0] && b.depth == 1);
+  // One whose first drafts are accepted 9 times in 10 at K = 1: positions 2, 3 are never
+  // observed and take position 1's acceptance, not the prior 0.6.
+  lks_policy_seq g;
+  lks_policy_seq_init(NULL, &g);
+  for (int i = 0; i < 40; i++) lks_policy_observe(NULL, &g, 1, i % 10 ? 1 : 0);
+  ck_assert(g.acc[0] > 0.75f && g.acc[1] == g.acc[0] && g.acc[2] == g.acc[0] && g.depth == 1);
   seqs[0] = &b;
   int plain = 0;
   for (int i = 0; i < 48; i++) plain += lks_policy_pick(p, seqs, kcap, 1, k, scratch) == 0;
