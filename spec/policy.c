@@ -76,6 +76,7 @@ struct lks_policy {
   double *ceiling;  // [n_widths] the best K's rate over plain's were every draft accepted
   int probe_turn;
   double acc[LKS_MAX_DRAFTS];  // pooled acceptance per position, every sequence's observations
+  int n_obs[LKS_MAX_DRAFTS];
   int depth;                   // positions of acc observed (deeper: the last observed one's)
   bool acc_seen;
 };
@@ -217,11 +218,20 @@ void lks_policy_observe(lks_policy *p, lks_policy_seq *s, int k, int accepted) {
   // never observed takes the acceptance of the deepest one observed (not the prior): a drafter
   // that is right 9 times in 10 at the first draft is tried deeper, one that is always wrong is
   // not.
+  // The average is a running mean while it has fewer than 1 / ACC_W - 1 observations (the
+  // prior counting as one), so that a few drafts already say what the drafter is worth, and
+  // exponentially weighted after.
   int seen = k < accepted + 1 ? k : accepted + 1;
   for (int j = 0; j < seen; j++) {
     double x = j < accepted ? 1.0 : 0.0;
-    s->acc[j] = (float)((1 - ACC_W) * s->acc[j] + ACC_W * x);
-    if (p) p->acc[j] = (1 - ACC_W) * p->acc[j] + ACC_W * x;
+    double w = 1.0 / (++s->n_obs[j] + 1);
+    w = w > ACC_W ? w : ACC_W;
+    s->acc[j] = (float)((1 - w) * s->acc[j] + w * x);
+    if (p) {
+      w = 1.0 / (++p->n_obs[j] + 1);
+      w = w > ACC_W ? w : ACC_W;
+      p->acc[j] = (1 - w) * p->acc[j] + w * x;
+    }
   }
   if (seen > s->depth) s->depth = seen;
   for (int j = s->depth; j < LKS_MAX_DRAFTS && s->depth > 0; j++) s->acc[j] = s->acc[s->depth - 1];

@@ -121,6 +121,7 @@ typedef struct lks_policy_costs {
 // exponentially weighted; it starts from the pooled acceptance of every sequence so far.
 typedef struct lks_policy_seq {
   float acc[LKS_MAX_DRAFTS];
+  int n_obs[LKS_MAX_DRAFTS];  // observations per position (the first ones weigh more)
   int depth;  // positions [0, depth) observed; deeper ones take the acceptance of depth - 1
   uint64_t rounds;
   int waiting;  // plain steps since it last drafted (the positions its drafter has to catch up)
