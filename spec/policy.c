@@ -30,12 +30,13 @@
 #include "core/error.h"
 #include "spec/spec.h"
 
-// Samples of a plain step's cost before it is trusted, after the first plain step (one-draft
-// steps need one); steps between
+// Samples of a plain step's cost before it is trusted, after the first plain step, and of a
+// one-draft step's (three drafts also say roughly what the drafter is worth: with one, a
+// drafter right 9 times in 10 was left unused one time in 10); steps between
 // probes of the neighbouring K, doubled after each probe that left the choice as it was, up to
 // the most; the weight of a new observation in the averages; the acceptance a sequence starts
 // from before the pooled one is known.
-enum { POLICY_SAMPLES = 3, POLICY_PROBE_EVERY = 32, POLICY_PROBE_MOST = 512 };
+enum { POLICY_SAMPLES = 3, POLICY_DRAFT_SAMPLES = 3, POLICY_PROBE_EVERY = 32, POLICY_PROBE_MOST = 512 };
 static const double ACC_W = 0.2, ACC_PRIOR = 0.6;
 // Speculation must beat plain decoding by this fraction to be chosen: costs are measured on a
 // machine that may be shared, and a choice within the noise of plain decoding is no gain.
@@ -288,7 +289,7 @@ int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, in
   // when that extrapolation says it pays (then it is measured).
   int explore = -1;
   if (p->n_plain[wi] < POLICY_SAMPLES + 1) explore = 0;  // + the warm-up step
-  else if (cap >= 1 && p->n_row[wi][1] < 1) explore = 1;
+  else if (cap >= 1 && p->n_row[wi][1] < POLICY_DRAFT_SAMPLES) explore = 1;
   // Probe: now and then the K next to the last choice (above, below) or plain decoding, for two
   // steps (the first of a probe from plain decoding catches the drafter up, which is not a
   // step's cost: the scheduler does not record it).
