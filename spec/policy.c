@@ -322,10 +322,18 @@ int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, in
     return 0;
   }
   for (int i = 0; i < n; i++) memcpy(acc[i], s[i]->acc, sizeof acc[i]);
-  lks_policy_costs c = p->c[wi];
+  // A deeper K's row cost until it is measured. For the choice, optimistic: the deepest
+  // measured K's extra verify time spread over K rows (an MoE verify's union of experts grows
+  // more slowly than its rows: on the deep model 2 rows cost 1.6 plain steps, 4 rows 1.9), so
+  // that K is tried and measured when the acceptance says it could pay. For the ceiling below,
+  // pessimistic: each row as dear as the deepest measured one's.
+  lks_policy_costs c = p->c[wi], co = p->c[wi];
   for (int K = 2; K <= cap; K++)
-    if (!p->n_row[wi][K]) c.row[K] = c.row[K - 1];
-  double best = lks_policy_choose(&c, n, (const float(*)[LKS_MAX_DRAFTS])acc, kcap, cap, k, scratch);
+    if (!p->n_row[wi][K]) {
+      c.row[K] = c.row[K - 1];
+      co.row[K] = co.row[K - 1] * (K - 1) / K;
+    }
+  double best = lks_policy_choose(&co, n, (const float(*)[LKS_MAX_DRAFTS])acc, kcap, cap, k, scratch);
   free(acc);
   double plain = n / c.plain;
   if (best < (1 + POLICY_MARGIN) * plain)
