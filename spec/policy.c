@@ -30,13 +30,14 @@
 #include "core/error.h"
 #include "spec/spec.h"
 
-// Samples of a plain step's cost before it is trusted, after the first plain step, and of a
-// one-draft step's (three drafts also say roughly what the drafter is worth: with one, a
-// drafter right 9 times in 10 was left unused one time in 10); steps between
-// probes of the neighbouring K, doubled after each probe that left the choice as it was, up to
-// the most; the weight of a new observation in the averages; the acceptance a sequence starts
-// from before the pooled one is known.
-enum { POLICY_SAMPLES = 3, POLICY_DRAFT_SAMPLES = 3, POLICY_PROBE_EVERY = 32, POLICY_PROBE_MOST = 512 };
+// Samples of a plain step's cost before it is trusted (after the first plain step, a warm-up);
+// one-draft steps at first (three drafts also say roughly what the drafter is worth: with one,
+// a drafter right 9 times in 10 was left unused one time in 10); steps between probes of the
+// neighbouring K, doubled after each probe that left the choice as it was, up to the most; the
+// weight of a new observation in the averages; the acceptance a sequence starts from before the
+// pooled one is known.
+enum { POLICY_SAMPLES = 3, POLICY_DRAFT_SAMPLES = 3, POLICY_PROBE_EVERY = 32,
+       POLICY_PROBE_MOST = 512 };
 static const double ACC_W = 0.2, ACC_PRIOR = 0.6;
 // Speculation must beat plain decoding by this fraction to be chosen: costs are measured on a
 // machine that may be shared, and a choice within the noise of plain decoding is no gain.
@@ -218,8 +219,7 @@ void lks_policy_observe(lks_policy *p, lks_policy_seq *s, int k, int accepted) {
   // Position j's acceptance is observed when the drafts before it were all accepted. A position
   // never observed takes the acceptance of the deepest one observed (not the prior): a drafter
   // that is right 9 times in 10 at the first draft is tried deeper, one that is always wrong is
-  // not.
-  // The average is a running mean while it has fewer than 1 / ACC_W - 1 observations (the
+  // not. The average is a running mean while it has fewer than 1 / ACC_W - 1 observations (the
   // prior counting as one), so that a few drafts already say what the drafter is worth, and
   // exponentially weighted after.
   int seen = k < accepted + 1 ? k : accepted + 1;
@@ -235,10 +235,12 @@ void lks_policy_observe(lks_policy *p, lks_policy_seq *s, int k, int accepted) {
     }
   }
   if (seen > s->depth) s->depth = seen;
-  for (int j = s->depth; j < LKS_MAX_DRAFTS && s->depth > 0; j++) s->acc[j] = s->acc[s->depth - 1];
+  for (int j = s->depth; j < LKS_MAX_DRAFTS && s->depth > 0; j++)
+    s->acc[j] = s->acc[s->depth - 1];
   if (p) {
     if (seen > p->depth) p->depth = seen;
-    for (int j = p->depth; j < LKS_MAX_DRAFTS && p->depth > 0; j++) p->acc[j] = p->acc[p->depth - 1];
+    for (int j = p->depth; j < LKS_MAX_DRAFTS && p->depth > 0; j++)
+      p->acc[j] = p->acc[p->depth - 1];
   }
   s->rounds++;
   if (p) p->acc_seen = true;
@@ -333,7 +335,8 @@ int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, in
       c.row[K] = c.row[K - 1];
       co.row[K] = co.row[K - 1] * (K - 1) / K;
     }
-  double best = lks_policy_choose(&co, n, (const float(*)[LKS_MAX_DRAFTS])acc, kcap, cap, k, scratch);
+  double best =
+      lks_policy_choose(&co, n, (const float(*)[LKS_MAX_DRAFTS])acc, kcap, cap, k, scratch);
   free(acc);
   double plain = n / c.plain;
   if (best < (1 + POLICY_MARGIN) * plain)

@@ -95,8 +95,9 @@ lks_engine *lks_engine_new(lks_model *m, int max_slots, int max_seq_len, int blo
   }
   if (o && o->prefix_cache) {
     e->hist = malloc((size_t)max_slots * (size_t)max_seq_len * sizeof *e->hist);
-    e->prefix = e->df ? lks_prefix_new(lks_model_backend(m), e->kv, e->dkv, 0)
-                      : lks_prefix_new(lks_model_backend(m), e->kv, e->mkv, lks_model_config(m)->hidden);
+    lks_backend *be = lks_model_backend(m);
+    e->prefix = e->df ? lks_prefix_new(be, e->kv, e->dkv, 0)
+                      : lks_prefix_new(be, e->kv, e->mkv, lks_model_config(m)->hidden);
     if (!e->hist || !e->prefix) goto fail;
   }
   return e;

@@ -3,7 +3,8 @@
 //
 // usage: [mpirun -np N] test_prefix MODEL_DIR PROMPTS SPEC [N_GEN]
 //
-// SPEC is "off", "mtp" or "dflash" (K = 3, the gate off; dflash: the drafter in MODEL_DIR/dflash). Conversations of three turns are built from the
+// SPEC is "off", "mtp" or "dflash" (K = 3, the gate off; dflash: the drafter in
+// MODEL_DIR/dflash). Conversations of three turns are built from the
 // prompts (one per line, comma-separated ids): turn t's prompt is the previous turn's prompt, its
 // output, and the next prompt line, so each turn starts with everything before it, ending in the
 // middle of a block. Each turn runs twice through the scheduler: with the cache (it must hit, from
@@ -55,7 +56,9 @@ static struct {
 static void snapshot(void) {
   const lks_engine *e = snap.w->engine;
   size_t t = lks_engine_kv_row_floats(e, false), d = lks_engine_kv_row_floats(e, true);
-  int drafter = strcmp(spec, "mtp") == 0 ? snap.n_prompt - 1 : strcmp(spec, "dflash") == 0 ? snap.n_prompt : 0;
+  int drafter = strcmp(spec, "mtp") == 0      ? snap.n_prompt - 1
+                : strcmp(spec, "dflash") == 0 ? snap.n_prompt
+                                              : 0;
   snap.n_floats = (size_t)snap.n_prompt * t + (size_t)drafter * d;
   free(snap.rows);
   snap.rows = malloc(snap.n_floats * sizeof *snap.rows);
