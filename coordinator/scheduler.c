@@ -17,6 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef __GLIBC__
+#include <malloc.h>  // malloc_trim
+#endif
 
 #include "coordinator/scheduler_impl.h"
 #include "coordinator/submit.h"
@@ -757,6 +760,7 @@ int lks_sched_run(lks_sched *s) {
     pthread_mutex_lock(&s->mu);
     bool busy = s->q_head != NULL;
     for (int i = 0; i < s->n_slots && !busy; i++) busy = s->slot[i] != NULL;
+    s->was_busy |= busy;
     if (s->stopping && (!s->draining || !busy)) {
       pthread_mutex_unlock(&s->mu);
       return 0;
@@ -771,6 +775,18 @@ int lks_sched_run(lks_sched *s) {
       return 0;
     }
     if (rc == 0 && !busy && !s->levers_pending && !s->clear_pending) {
+      if (s->was_busy) {
+        // Idle after requests: the memory their threads freed goes back to the system. glibc
+        // keeps it in one arena per thread otherwise, so that resident memory ratchets up with
+        // each burst of concurrent requests: the fuzz test's server went 45 -> 65 MB in 2 runs
+        // of 3 without this, 46 -> 45 MB in 3 of 3 with it (freed memory, then, not a leak).
+        s->was_busy = false;
+        pthread_mutex_unlock(&s->mu);
+#ifdef __GLIBC__
+        malloc_trim(0);
+#endif
+        pthread_mutex_lock(&s->mu);
+      }
       struct timespec dl;
       lks__sched_deadline_in(&dl, 0.05);
       pthread_cond_timedwait(&s->cv, &s->mu, &dl);

@@ -110,6 +110,7 @@ struct lks_sched {
   int n_slots, vocab;
   int kv_blocks, kv_reserved;  // the pool, and what the running requests may need of it
   bool stopping, draining, failed;
+  bool was_busy;  // requests ran since the loop was last idle (then it gives free memory back)
   double stop_at;  // when the drain began
   // Levers: `wanted` is what /admin asked for (under mu), `now` what the last step ran under
   // (scheduler thread only; what stats report, under mu).
