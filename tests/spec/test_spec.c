@@ -29,10 +29,26 @@ typedef struct {
   int n;
 } sink;
 
+// When w is set (the catch-up test): at the n_gen-th token of slot 0, the drafter's KV rows
+// (rank 0's shard) of every position all modes have paired by then, into rows.
+static struct {
+  lks_world *w;
+  int n_gen;
+  float *rows;
+  size_t n;
+} kvsnap;
+
 static void collect(void *ctx, int32_t tok, bool eos) {
   (void)eos;
   sink *s = ctx;
   s->tok[s->n++] = tok;
+  if (!kvsnap.w || s->n != kvsnap.n_gen) return;
+  const lks_engine *e = kvsnap.w->engine;
+  size_t d = lks_engine_kv_row_floats(e, true);
+  int len = lks_engine_slot_len(e, 0) - 8;  // rows every mode has paired by then
+  kvsnap.n = 0;
+  for (int p = 0; p < len; p++)
+    if (lks_engine_kv_read(e, 0, true, p, kvsnap.rows + kvsnap.n) == 0) kvsnap.n += d;
 }
 
 static int failures;
@@ -186,25 +202,6 @@ static int catchup_k(void *ctx, int slot, int n_generated) {
   return n_generated % 10 < 4 ? 0 : 3;
 }
 
-static struct {
-  lks_world *w;
-  int n_gen;
-  float *rows;
-  size_t n;
-} kvsnap;
-
-static void kv_at_end(void *ctx, int32_t tok, bool eos) {
-  collect(ctx, tok, eos);
-  sink *s = ctx;
-  if (s->n != kvsnap.n_gen) return;
-  const lks_engine *e = kvsnap.w->engine;
-  size_t d = lks_engine_kv_row_floats(e, true);
-  int len = lks_engine_slot_len(e, 0) - 8;  // rows every mode has paired by then
-  kvsnap.n = 0;
-  for (int p = 0; p < len; p++)
-    if (lks_engine_kv_read(e, 0, true, p, kvsnap.rows + kvsnap.n) == 0) kvsnap.n += d;
-}
-
 static int catchup_test(lks_world *w, const int32_t *prompt, int n) {
   int n_gen = 130;
   static draft_log logs[3];
@@ -214,6 +211,8 @@ static int catchup_test(lks_world *w, const int32_t *prompt, int n) {
   size_t d = lks_engine_kv_row_floats(w->engine, true);
   const int limits[3] = {1, 8, 0};
   int rc = 0;
+  policy = false;
+  temperature = 0;
   for (int m = 0; m < 3 && rc == 0; m++) {
     out[m] = (sink){malloc((size_t)n_gen * sizeof(int32_t)), 0};
     rows[m] = malloc((size_t)256 * d * sizeof(float));
@@ -222,30 +221,12 @@ static int catchup_test(lks_world *w, const int32_t *prompt, int n) {
     force = catchup_k;
     backlog = limits[m];
     kvsnap = (typeof(kvsnap)){w, n_gen, rows[m], 0};
-    lks_sched_opts o;
-    lks_sched_opts_from(w->settings, &o);
-    snprintf(o.spec, sizeof o.spec, "mtp");
-    o.n_drafts = 3;
-    o.gate = false;
-    o.force_k = force;
-    o.on_drafts = log_drafts;
-    o.mtp_backlog = backlog;
-    lks_sched *sched = lks_sched_new(w, NULL, &o);
-    if (!sched) return -1;
-    lks_req_params p = {0};
-    p.prompt = malloc((size_t)n * sizeof *prompt);
-    memcpy(p.prompt, prompt, (size_t)n * sizeof *prompt);
-    p.n_prompt = n;
-    p.max_tokens = n_gen;
-    p.ignore_eos = true;
-    p.sampling = (lks_sampling){0, 0, 1.0f};
-    p.on_token = kv_at_end;
-    p.on_token_ctx = &out[m];
+    lks_spec_stats st;
     if (clear_cache(w) < 0) return -1;
-    rc = lks_sched_run_one(sched, &p);
-    lks_sched_free(sched);
+    rc = run(w, "mtp", 3, prompt, n, n_gen, &out[m], &st);
     nrows[m] = kvsnap.n;
   }
+  kvsnap.w = NULL;
   log_to = NULL;
   force = NULL;
   backlog = 0;
