@@ -32,7 +32,6 @@
 # Usage: /usr/bin/python3 tools/train/dflash.py {train,export,measure,card} --work DIR [options]
 
 import argparse
-import glob
 import json
 import math
 import os
@@ -317,24 +316,12 @@ def greedy_pool(m, layer_ids, prompts, G):
         for L in range(m.N):
             ly = m.model.layers[L]
             at = ly.self_attn
-            h = ly.input_layernorm(x)
-            q = at.q_proj(h).view(B, T, at.nh, at.hd)
-            k = at.k_proj(h).view(B, T, at.nkv, at.hd)
-            v = at.v_proj(h).view(B, T, at.nkv, at.hd)
-            if at.qk_norm:
-                q, k = at.q_norm(q), at.k_norm(k)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            q, k = glm.apply_rope(q, cos, sin), glm.apply_rope(k, cos, sin)
+            q, k, v = at.qkv(ly.input_layernorm(x), cos, sin)
             if cache[L] is not None:
                 k = torch.cat([cache[L][0], k], 2)
                 v = torch.cat([cache[L][1], v], 2)
             cache[L] = (k, v)
-            g = at.nh // at.nkv
-            kk, vv = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-            att = (q @ kk.transpose(-1, -2)) * (1.0 / math.sqrt(at.hd))
-            att = att.masked_fill(mask, float("-inf")).softmax(-1)
-            y = (att @ vv).transpose(1, 2).reshape(B, T, at.nh * at.hd)
-            x = x + at.o_proj(y)
+            x = x + at.attend(q, k, v, mask)
             x = x + ly.mlp(ly.post_attention_layernorm(x))
             if L in layer_ids:
                 got[L] = x

@@ -154,26 +154,6 @@ def mtp_hidden(model, u):
     return m.shared_head.norm(m(u, cos, sin, model.causal(T, u.device)))
 
 
-def _qkv(att, x, cos, sin):
-    B, T, _ = x.shape
-    q = att.q_proj(x).view(B, T, att.nh, att.hd)
-    k = att.k_proj(x).view(B, T, att.nkv, att.hd)
-    v = att.v_proj(x).view(B, T, att.nkv, att.hd)
-    if att.qk_norm:
-        q, k = att.q_norm(q), att.k_norm(k)
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    g = att.nh // att.nkv
-    k = glm.apply_rope(k, cos, sin).repeat_interleave(g, dim=1)
-    return glm.apply_rope(q, cos, sin), k, v.repeat_interleave(g, dim=1)
-
-
-def _attend(att, q, k, v, mask):
-    w = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(att.hd))
-    y = (w.masked_fill(mask, float("-inf")).softmax(-1) @ v)
-    B, _, T, _ = y.shape
-    return att.o_proj(y.transpose(1, 2).reshape(B, T, att.nh * att.hd))
-
-
 def shared_layer(layer, xp, xs, rp, rs):
     """One decoder layer over a shared prefix xp [1, P, H] and its G continuations
     xs [G, S, H] (positions P..P+S-1): the same as the layer over the G whole sequences, with
@@ -181,13 +161,13 @@ def shared_layer(layer, xp, xs, rp, rs):
     att = layer.self_attn
     G, S, H = xs.shape
     P = xp.shape[1]
-    qp, kp, vp = _qkv(att, layer.input_layernorm(xp), *rp)
-    qs, ks, vs = _qkv(att, layer.input_layernorm(xs), *rs)
-    ap = _attend(att, qp, kp, vp, glm.Glm4Moe.causal(P, xp.device))
+    qp, kp, vp = att.qkv(layer.input_layernorm(xp), *rp)
+    qs, ks, vs = att.qkv(layer.input_layernorm(xs), *rs)
+    ap = att.attend(qp, kp, vp, glm.Glm4Moe.causal(P, xp.device))
     k = torch.cat([kp.expand(G, -1, -1, -1), ks], dim=2)
     v = torch.cat([vp.expand(G, -1, -1, -1), vs], dim=2)
     m = torch.cat([torch.zeros(S, P, dtype=torch.bool), glm.Glm4Moe.causal(S, xs.device)], dim=1)
-    xp, xs = xp + ap, xs + _attend(att, qs, k, v, m)
+    xp, xs = xp + ap, xs + att.attend(qs, k, v, m)
     flat = torch.cat([xp.reshape(-1, H), xs.reshape(-1, H)])   # the FFN is per token
     y = layer.mlp(layer.post_attention_layernorm(flat))
     return xp + y[:P][None], xs + y[P:].view(G, S, H)
@@ -288,12 +268,7 @@ def stage_train(a):
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
         opt.step()
-        imb = []
-        with torch.no_grad():
-            for m in moes:
-                load = m.last_load.float()
-                m.gate.e_score_correction_bias += a.bias_u * torch.sign(load.mean() - load)
-                imb.append(float(load.max() / load.mean()))
+        imb = tr.balance_experts(moes, a.bias_u)
         step += 1
         elapsed += time.time() - t0
         rec = {"step": step, "data": src, "loss": float(main), "mtp": float(mtp), "corpus_loss": float(cmain),

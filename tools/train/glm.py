@@ -54,7 +54,8 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(hd, cfg["rms_norm_eps"])
             self.k_norm = RMSNorm(hd, cfg["rms_norm_eps"])
 
-    def forward(self, x, cos, sin, mask):
+    def qkv(self, x, cos, sin):
+        """q [B, nh, T, hd], k and v [B, nkv, T, hd] of x, normed and roped."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.nh, self.hd)
         k = self.k_proj(x).view(B, T, self.nkv, self.hd)
@@ -62,7 +63,11 @@ class Attention(nn.Module):
         if self.qk_norm:                       # before RoPE
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def attend(self, q, k, v, mask):
+        """o_proj of q's attention over k, v (KV heads, any length; mask True: hidden)."""
+        B, _, T, _ = q.shape
         g = self.nh // self.nkv                # query head i reads KV head i // g
         k = k.repeat_interleave(g, dim=1)
         v = v.repeat_interleave(g, dim=1)
@@ -70,6 +75,9 @@ class Attention(nn.Module):
         att = att.masked_fill(mask, float("-inf")).softmax(-1)
         y = (att @ v).transpose(1, 2).reshape(B, T, self.nh * self.hd)
         return self.o_proj(y)
+
+    def forward(self, x, cos, sin, mask):
+        return self.attend(*self.qkv(x, cos, sin), mask)
 
 
 class MLP(nn.Module):

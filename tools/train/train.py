@@ -166,6 +166,19 @@ def losses(model, win):
 
 
 @torch.no_grad()
+def balance_experts(moes, bias_u):
+    """Aux-loss-free balancing (DeepSeek-V3) after a step: every MoE layer's
+    e_score_correction_bias += u * sign(mean_load - load). Returns each layer's
+    imbalance, max load / mean load."""
+    imb = []
+    with torch.no_grad():
+        for m in moes:
+            load = m.last_load.float()
+            m.gate.e_score_correction_bias += bias_u * torch.sign(load.mean() - load)
+            imb.append(float(load.max() / load.mean()))
+    return imb
+
+
 def evaluate_val(model, val, a, n_windows):
     model.eval()
     tot_m = tot_t = 0.0
@@ -220,13 +233,7 @@ def stage_train(a):
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
         opt.step()
-        # aux-loss-free balancing (DeepSeek-V3): bias += u * sign(mean_load - load)
-        imb = []
-        with torch.no_grad():
-            for m in moes:
-                load = m.last_load.float()
-                m.gate.e_score_correction_bias += a.bias_u * torch.sign(load.mean() - load)
-                imb.append(float(load.max() / load.mean()))
+        imb = balance_experts(moes, a.bias_u)
         step += 1
         elapsed += time.time() - t0
         rec = {"step": step, "loss": float(main), "mtp": float(mtp), "gn": float(gn),
