@@ -83,6 +83,10 @@ netem_link() {
   done
   grep -q ready "$netem_work/link.out" 2>/dev/null && netem_addr && return 0
   NETEM_ERR="delay_link did not start: $(cat "$netem_work/link.log")"
+  netem_link_stop                    # the veth back, undelayed
+  ip -n lks-na link del lks-wa 2>/dev/null
+  ip -n lks-nb link del lks-wb 2>/dev/null
+  netem_veth
   return 1
 }
 
@@ -126,8 +130,9 @@ netem_delay() {
       if [ -n "${NETEM_DELAY_LINK:-}" ] && [ -x "$NETEM_DELAY_LINK" ]; then
         NETEM_VIA="delay_link (userspace TAP forwarder; no netem: $NETEM_ERR)"
         NETEM_ERR=
-        netem_link "$us"
-        return
+        netem_link "$us" && return 0
+        NETEM_VIA="the bare veth"
+        return 1
       fi
       return 1
     fi
