@@ -12,7 +12,7 @@
 #                            and NETEM_DELAY_LINK names tools/delay_link.c's binary, that
 #                            userspace forwarder between two TAP interfaces in place of the veth
 #                            (NETEM_VIA says which); returns 1 and sets NETEM_ERR when neither
-#   netem_link_report        what delay_link measured (frames, median and p99 delay per
+#   netem_link_report        what delay_link measured (frames, least, median and p99 delay per
 #                            direction), once it is stopped; nothing for netem or the veth
 #   netem_mpirun ARGS...     mpirun -np 2, rank 0 in lks-na and rank 1 in lks-nb, over the veth
 #                            (within NETEM_TIMEOUT seconds when set)
@@ -53,13 +53,21 @@ netem_veth() {
   ip link set lks-wa netns lks-na && ip link set lks-wb netns lks-nb && netem_addr
 }
 
-# Stops delay_link (it reports to $netem_work/link.log) and removes its TAP interfaces.
+# Stops delay_link (it reports to $netem_work/link.log); its TAP interfaces go with it.
 netem_link_pid=
 netem_link_stop() {
   [ -n "$netem_link_pid" ] || return 0
   kill -TERM "$netem_link_pid" 2>/dev/null
   wait "$netem_link_pid" 2>/dev/null
   netem_link_pid=
+}
+
+# delay_link stopped and the veth back, undelayed.
+netem_link_veth() {
+  netem_link_stop
+  ip -n lks-na link del lks-wa 2>/dev/null
+  ip -n lks-nb link del lks-wb 2>/dev/null
+  netem_veth
 }
 
 netem_link_report() {
@@ -83,10 +91,7 @@ netem_link() {
   done
   grep -q ready "$netem_work/link.out" 2>/dev/null && netem_addr && return 0
   NETEM_ERR="delay_link did not start: $(cat "$netem_work/link.log")"
-  netem_link_stop                    # the veth back, undelayed
-  ip -n lks-na link del lks-wa 2>/dev/null
-  ip -n lks-nb link del lks-wb 2>/dev/null
-  netem_veth
+  netem_link_veth
   return 1
 }
 
@@ -111,10 +116,7 @@ netem_delay() {
   local us=$1 ns dev
   NETEM_ERR= NETEM_VIA="the bare veth"
   if [ -n "$netem_link_pid" ]; then   # back from delay_link to the veth
-    netem_link_stop
-    ip -n lks-na link del lks-wa 2>/dev/null
-    ip -n lks-nb link del lks-wb 2>/dev/null
-    netem_veth || return 1
+    netem_link_veth || return 1
   fi
   ip netns exec lks-na tc qdisc del dev lks-wa root 2>/dev/null
   ip netns exec lks-nb tc qdisc del dev lks-wb root 2>/dev/null
