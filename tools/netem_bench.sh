@@ -13,7 +13,7 @@
 # interfaces), whose report gives the delay each frame really had; without it the bench says so
 # and measures over the bare veth only.
 set -u
-[ $# -ge 3 ] || { sed -n '3,12p' "$0"; exit 2; }
+[ $# -ge 3 ] || { sed -n '3,14p' "$0"; exit 2; }
 lockstep=$(realpath "$1") model=$(realpath "$2") delays=$3
 shift 3
 . "$(dirname "$0")/netem_lib.sh"

@@ -3,10 +3,10 @@
 # World 2 over a delayed link (issue 19, item 5), the smoke test: rank 0 and rank 1 in two
 # network namespaces joined by a veth pair with `tc netem delay 100us` on each end, MPI and the
 # control plane over it (tools/netem_lib.sh); `lockstep generate --spec mtp -k 3` with the
-# adaptive policy gives the tokens of plain decoding at world 1, greedy and sampled. Without
-# netem in the kernel the test says so and runs over the bare veth. The measurement itself is
-# tools/netem_bench.sh. Where the kernel has no netem, the delay comes from DELAY_LINK
-# (tools/delay_link.c, a userspace forwarder between TAP interfaces in the two namespaces).
+# adaptive policy gives the tokens of plain decoding at world 1, greedy and sampled. Where the
+# kernel has no netem, the delay comes from DELAY_LINK (tools/delay_link.c, a userspace forwarder
+# between TAP interfaces in the two namespaces), whose report is checked too; without either the
+# test says so and runs over the bare veth. The measurement itself is tools/netem_bench.sh.
 # Root only. usage: netem_test.sh LOCKSTEP MODEL_DIR [DELAY_LINK]
 set -u
 lockstep=$1 model=$2
