@@ -351,7 +351,7 @@ static void attn_task(void *ctx, int task, int thread) {
     j->c->k->mm_f32(kb, kv_ld, np, q, hd, group, hd, s + p0, n_pos);
   }
   for (int g = 0; g < group; g++) {
-    float *sg = s + (int64_t)g * n_pos, *og = o + (int64_t)g * hd;
+    float *sg = s + (int64_t)g * n_pos;
     float mx = -INFINITY;
     for (int p = 0; p < n_pos; p++) {
       sg[p] *= j->scale;
@@ -362,13 +362,14 @@ static void attn_task(void *ctx, int task, int thread) {
       sg[p] = expf(sg[p] - mx);
       sum += sg[p];
     }
-    for (int d = 0; d < hd; d++) og[d] = 0;
-    for (int p = 0; p < n_pos; p++) {
-      int64_t slot = (int64_t)bt[p / bs] * bs + p % bs;
-      const float *v = V + slot * kv_ld + kvh * hd;
-      float w = sg[p] / sum;
-      for (int d = 0; d < hd; d++) og[d] += w * v[d];
-    }
+    for (int p = 0; p < n_pos; p++) sg[p] /= sum;
+  }
+  // The group's outputs (adjacent heads of hd), block by block of V: each V row read once.
+  for (int64_t d = 0; d < (int64_t)group * hd; d++) o[d] = 0;
+  for (int p0 = 0; p0 < n_pos; p0 += bs) {
+    int np = n_pos - p0 < bs ? n_pos - p0 : bs;
+    const float *vb = V + (int64_t)bt[p0 / bs] * bs * kv_ld + kvh * hd;
+    j->c->k->pv(s + p0, n_pos, group, vb, kv_ld, np, hd, o);
   }
 }
 

@@ -26,12 +26,21 @@ typedef float (*lks__dot_f32_fn)(const float *w, const float *x, int64_t n);
 typedef void (*lks__mm_fn)(const void *w, int64_t ldw, int64_t m, const float *x, int64_t ldx,
                            int64_t n, int64_t K, float *out, int64_t ldo);
 
+// Attention's weighted sum of values: o[g * hd + d] += sum over p < np of w[g * ldw + p] *
+// v[p * ldv + d], for g < G and d < hd. Each element adds its np products one after another,
+// in order of p (one multiply-add each, fused where the level has FMA), so the result depends
+// only on the row's own weights and values; each value row is read once for all G query heads
+// of its group.
+typedef void (*lks__pv_fn)(const float *w, int64_t ldw, int G, const float *v, int64_t ldv,
+                           int np, int hd, float *o);
+
 typedef struct lks__cpu_kernels {
   const char *name;  // "scalar", "avx2", "avx512", "neon", "neon_bf16"
   lks__dot_bf16_fn dot_bf16;
   lks__dot_f32_fn dot_f32;
   lks__mm_fn mm_bf16;
   lks__mm_fn mm_f32;
+  lks__pv_fn pv;
   // 1 when dot_bf16 / mm_bf16 round the activations to BF16 (neon_bf16, never chosen by itself:
   // its error is far above the others', cpu_kernels.c says why).
   int bf16_activations;

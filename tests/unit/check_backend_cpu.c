@@ -204,6 +204,53 @@ START_TEST(test_dot_kernels) {
 }
 END_TEST
 
+// Attention's weighted sum of values (pv), every level: o + sum_p w[g][p] v[p] against a float64
+// sum, within the bound of np + 1 float32 additions in order, (np + 1) 2^-24 sum of |terms|
+// (each fused or rounded product adds at most one more 2^-24 of its term: the + 1). Values past
+// hd in each row, rows past np and weights past np are NaN, and outputs past G heads are
+// sentinels: reading or writing them fails.
+START_TEST(test_pv_kernels) {
+  static const char *levels[] = TU_SIMD_LEVELS;
+  static const int shapes[][3] = {{1, 1, 1},  {4, 16, 64}, {12, 16, 128}, {3, 5, 32},
+                                  {9, 16, 17}, {5, 7, 8},  {8, 13, 100},  {2, 16, 31}};
+  uint64_t rng = 99;
+  int tested = 0;
+  for (int l = 0; l < TU_N_SIMD_LEVELS; l++) {
+    const lks__cpu_kernels *k = lks__cpu_kernels_get(levels[l]);
+    if (!k) continue;
+    tested++;
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+      int G = shapes[c][0], np = shapes[c][1], hd = shapes[c][2];
+      int64_t ldw = np + 3, ldv = hd + 5;
+      float *w = TB_NEW(float, (size_t)(G * ldw)), *v = TB_NEW(float, (size_t)((np + 1) * ldv));
+      float *o = TB_NEW(float, (size_t)(G * hd + 16));
+      double *ref = TB_NEW(double, (size_t)(G * hd)), *mag = TB_NEW(double, (size_t)(G * hd));
+      for (int64_t i = 0; i < G * ldw; i++) w[i] = i % ldw < np ? tu_randf(&rng) : NAN;
+      for (int64_t i = 0; i < (np + 1) * ldv; i++)
+        v[i] = i / ldv < np && i % ldv < hd ? tu_randf(&rng) : NAN;
+      for (int i = 0; i < G * hd + 16; i++) o[i] = i < G * hd ? tu_randf(&rng) : 7.0f;
+      for (int g = 0; g < G; g++)
+        for (int d = 0; d < hd; d++) {
+          double s = o[g * hd + d], m = fabs(s);
+          for (int p = 0; p < np; p++) {
+            s += (double)w[g * ldw + p] * v[p * ldv + d];
+            m += fabs((double)w[g * ldw + p] * v[p * ldv + d]);
+          }
+          ref[g * hd + d] = s;
+          mag[g * hd + d] = m;
+        }
+      k->pv(w, ldw, G, v, ldv, np, hd, o);
+      for (int i = 0; i < G * hd; i++)
+        ck_assert_msg(fabs(o[i] - ref[i]) <= (np + 1) * 0x1p-24 * mag[i],
+                      "%s pv G=%d np=%d hd=%d [%d]: %.9g vs %.9g", k->name, G, np, hd, i, o[i],
+                      ref[i]);
+      for (int i = G * hd; i < G * hd + 16; i++) ck_assert_float_eq(o[i], 7.0f);
+    }
+  }
+  ck_assert_int_ge(tested, 1);
+}
+END_TEST
+
 // The blocked kernels give, element for element, the bits of the single dot product, for block
 // shapes that end mid-block in both directions and for strided rows; and every level's blocked
 // products agree with the portable kernels' within TOL (relative to the largest).
@@ -1004,6 +1051,7 @@ static Suite *backend_suite(void) {
   tc = tcase("kernels", 60);
   tcase_add_test(tc, test_dot_kernels);
   tcase_add_test(tc, test_mm_kernels_match_dot);
+  tcase_add_test(tc, test_pv_kernels);
   suite_add_tcase(s, tc);
 
   tc = tcase("matmul", 60);
