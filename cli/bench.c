@@ -70,6 +70,68 @@ static double measure_bandwidth(int threads) {
   return (double)n * sizeof(float) / median(t, 7);
 }
 
+// The blocked BF16 kernel's rate with every thread on operands that stay in each core's cache
+// (each thread: MR_ROWS weight rows of MR_K, its own, against MR_N shared activation rows), in
+// FLOP/s (2 per multiply-add): the ceiling of a prefill's matrix products on this machine.
+enum { MR_ROWS = 128, MR_K = 1024, MR_N = 64, MR_ROUNDS = 15 };
+
+typedef struct {
+  const uint16_t *w;  // [threads * MR_ROWS, MR_K]
+  const float *x;     // [MR_N, MR_K]
+  float *out;         // [threads, MR_N, MR_ROWS]
+  int threads;
+  const lks__cpu_kernels *k;
+} mr_job;
+
+static void mr_task(void *ctx, int task, int thread) {
+  mr_job *j = ctx;
+  int b = task % j->threads;
+  j->k->mm_bf16(j->w + (size_t)b * MR_ROWS * MR_K, MR_K, MR_ROWS, j->x, MR_K, MR_N, MR_K,
+                j->out + (size_t)thread * MR_N * MR_ROWS, MR_ROWS);
+}
+
+static double measure_matrix_rate(int threads) {
+  uint16_t *w = malloc((size_t)threads * MR_ROWS * MR_K * sizeof *w);
+  float *x = malloc((size_t)MR_N * MR_K * sizeof *x);
+  float *out = malloc((size_t)threads * MR_N * MR_ROWS * sizeof *out);
+  lks_pool *pool = lks_pool_new(threads);
+  double rate = 0;
+  if (w && x && out && pool) {
+    for (size_t i = 0; i < (size_t)threads * MR_ROWS * MR_K; i++)
+      w[i] = (uint16_t)(0x3f80 | (i & 0x7f));  // 1.0 .. 1.99
+    for (size_t i = 0; i < (size_t)MR_N * MR_K; i++) x[i] = (float)(i & 15) / 16.0f;
+    mr_job j = {w, x, out, threads, lks__cpu_kernels_best()};
+    double t[MR_ROUNDS];
+    for (int r = 0; r < MR_ROUNDS; r++) {
+      double t0 = lks_now();
+      lks_pool_run(pool, threads * 4, mr_task, &j);
+      t[r] = lks_now() - t0;
+    }
+    rate = 2.0 * MR_ROWS * MR_K * MR_N * threads * 4 / median(t, MR_ROUNDS);
+  }
+  lks_pool_free(pool);
+  free(w);
+  free(x);
+  free(out);
+  return rate;
+}
+
+// A comma-separated list of integers in [lo, hi] from option `name` into v (at most cap);
+// returns how many, or a negative code naming the option.
+static int parse_list(const char *text, const char *name, int lo, int hi, int *v, int cap) {
+  int n = 0;
+  for (const char *p = text; p && *p;) {
+    char *end;
+    long x = strtol(p, &end, 10);
+    if (end == p || (*end && *end != ',') || x < lo || x > hi || n == cap)
+      return lks_set_error(LKS_EINVAL, "--%s: '%s' is not a list of at most %d integers in [%d, %d]",
+                           name, text, cap, lo, hi);
+    v[n++] = (int)x;
+    p = *end ? end + 1 : end;
+  }
+  return n;
+}
+
 // Round trip of a heartbeat through the control plane (send, worker acks), median over n.
 static double heartbeat_rtt(lks_world *w, int n) {
   if (!w->ctl) return 0;
@@ -138,6 +200,60 @@ static int bench_run(lks_world *w, const lks_sched_opts *o, const int32_t *tok, 
   }
   lks_sched_free(sched);
   return rc;
+}
+
+// n sequences decoded together: each a prompt of n_pre random ids (its own), all prefilled in
+// one step, then n_dec tokens each, greedy or sampled (T = 1, top-p 0.95, seed per sequence).
+// *rate: tokens/s of the steps without prefill rows (all n sequences in each); *pick: seconds
+// picking tokens per sequence and step (scheduler.h, t_pick).
+static int bench_batch(lks_world *w, const lks_sched_opts *o, int n, int n_pre, int n_dec,
+                       bool sampled, double *rate, double *pick) {
+  Lockstep__Command clear = LOCKSTEP__COMMAND__INIT;
+  clear.type = LOCKSTEP__CMD_TYPE__EP_CMD_CLEAR_CACHE;
+  LKS_TRY(lks_world_submit(w, &clear, NULL));
+  lks_sched_opts bo = *o;
+  bo.chunk = n * n_pre;
+  bo.max_queue = n;
+  snprintf(bo.spec, sizeof bo.spec, "off");
+  lks_sched *sched = lks_sched_new(w, NULL, &bo);
+  if (!sched) return -1;
+  int vocab = lks_model_config(w->model)->vocab, rc = 0, submitted = 0;
+  lks_req **req = calloc((size_t)n, sizeof *req);
+  if (!req) rc = lks_set_error(LKS_ENOMEM, "out of memory");
+  for (int i = 0; rc == 0 && i < n; i++) {
+    lks_req_params p = {0};
+    p.prompt = malloc((size_t)n_pre * sizeof *p.prompt);
+    if (!p.prompt) {
+      rc = lks_set_error(LKS_ENOMEM, "out of memory");
+      break;
+    }
+    lks_rng rng;
+    lks_rng_seed(&rng, 1000 + (uint64_t)i);
+    for (int t = 0; t < n_pre; t++) p.prompt[t] = (int32_t)(lks_rng_next(&rng) % (uint64_t)vocab);
+    p.n_prompt = n_pre;
+    p.max_tokens = n_dec;
+    p.ignore_eos = true;
+    p.seed = (uint64_t)i + 1;
+    p.sampling = sampled ? (lks_sampling){1.0f, 0, 0.95f} : (lks_sampling){0, 0, 1};
+    int err;
+    if (!(req[i] = lks_sched_submit(sched, &p, &err))) rc = lks_set_error(err, "the scheduler refused a request");
+    else submitted++;
+  }
+  for (bool done = false; rc >= 0 && !done;) {
+    done = true;
+    for (int i = 0; i < submitted; i++) done &= lks_req_finished(req[i]);
+    rc = lks_sched_step(sched);  // the last one frees the slots on every rank
+  }
+  for (int i = 0; i < submitted; i++) lks_req_release(req[i]);
+  free(req);
+  if (rc >= 0) {
+    lks_sched_stats ss;
+    lks_sched_stats_get(sched, &ss);
+    *rate = ss.spec.t_plain > 0 ? (double)ss.spec.tok_plain / ss.spec.t_plain : 0;
+    *pick = ss.seq_steps ? ss.t_pick / (double)ss.seq_steps : 0;
+  }
+  lks_sched_free(sched);
+  return rc < 0 ? rc : 0;
 }
 
 // Decode tokens/s of a run's steps without prefill rows (plain and speculative together).
@@ -222,9 +338,22 @@ int lks_cmd_bench(lks_settings *s) {
   if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
   // Measured before the world starts: rank 0 issues no commands while it measures, and workers
   // treat a silent coordinator as dead after three heartbeats.
-  double bw = getenv("OMPI_COMM_WORLD_RANK") && atoi(getenv("OMPI_COMM_WORLD_RANK")) != 0
-                  ? 0 : measure_bandwidth(threads);
-  lks_world *w = lks_world_start(s, lks_cli_model_dir(s), 1);
+  enum { MAX_LIST = 16 };
+  int lens[MAX_LIST], widths[MAX_LIST];
+  int n_lens = parse_list(lks_settings_str(s, "prefill-lens"), "prefill-lens", 1,
+                          (int)lks_settings_int(s, "max-seq-len"), lens, MAX_LIST);
+  int n_widths = parse_list(lks_settings_str(s, "batch"), "batch", 1,
+                            (int)lks_settings_int(s, "max-slots"), widths, MAX_LIST);
+  if (n_lens < 0 || n_widths < 0) {
+    fprintf(stderr, "lockstep bench: %s\n", lks_last_error());
+    return 1;
+  }
+  int slots = 1;
+  for (int i = 0; i < n_widths; i++) slots = widths[i] > slots ? widths[i] : slots;
+  bool rank0 = !(getenv("OMPI_COMM_WORLD_RANK") && atoi(getenv("OMPI_COMM_WORLD_RANK")) != 0);
+  double bw = rank0 ? measure_bandwidth(threads) : 0;
+  double mrate = rank0 ? measure_matrix_rate(threads) : 0;
+  lks_world *w = lks_world_start(s, lks_cli_model_dir(s), slots);
   if (!w) {
     fprintf(stderr, "lockstep bench: %s\n", lks_last_error());
     return 1;
@@ -306,6 +435,73 @@ int lks_cmd_bench(lks_settings *s) {
   printf("memory bandwidth (measured, %d threads): %.2f GB/s\n", threads, bw / 1e9);
   printf("achieved: %.2f GB/s = %.2f of measured bandwidth (per rank)\n", bytes_tok * dec_tps / 1e9,
          bw > 0 ? bytes_tok * dec_tps / bw : 0.0);
+  // Matrix FLOPs a prompt token costs this rank: 2 per active weight, less the embedding (a
+  // lookup) and the lm_head (the last position only), split over the ranks; attention not counted.
+  double mm_params = (double)st.params_active - (double)c->vocab * c->hidden * (c->tie_embeddings ? 1 : 2);
+  double flop_tok = 2.0 * mm_params / w->world;
+  printf("BF16 matrix rate (measured, %d threads, operands in cache): %.1f GFLOP/s\n", threads,
+         mrate / 1e9);
+  printf("prefill %d: %.0f GFLOP/s of matrix products = %.2f of the BF16 matrix rate\n", n_pre,
+         flop_tok * n_pre / pre / 1e9, mrate > 0 ? flop_tok * n_pre / pre / mrate : 0.0);
+  double pre_rate[MAX_LIST] = {0};
+  for (int li = 0; li < n_lens; li++) {
+    int L = lens[li];
+    int32_t *pt = malloc((size_t)(L + 1) * sizeof *pt);
+    double *tl = malloc((size_t)reps * sizeof *tl);
+    if (!pt || !tl) {
+      free(pt), free(tl);
+      lks_set_error(LKS_ENOMEM, "out of memory");
+      goto fail;
+    }
+    lks_rng_seed(&rng, 2);
+    for (int i = 0; i < L; i++) pt[i] = (int32_t)(lks_rng_next(&rng) % (uint64_t)c->vocab);
+    lks_sched_opts lo = so;
+    lo.chunk = L;
+    snprintf(lo.spec, sizeof lo.spec, "off");
+    int rr = 0;
+    for (int r = 0; r < reps && rr == 0; r++) {
+      bench_clock bc = {w, 0, 0, 0, 0, 0, 0};
+      double t0 = lks_now();
+      rr = bench_run(w, &lo, pt, L, 1, &bc, NULL);
+      tl[r] = bc.t_first - t0;
+    }
+    if (rr == 0) pre_rate[li] = L / median(tl, reps);
+    free(pt);
+    free(tl);
+    if (rr < 0) goto fail;
+    printf("prefill %d: %.1f tokens/s, %.2f of the BF16 matrix rate\n", L, pre_rate[li],
+           mrate > 0 ? flop_tok * pre_rate[li] / mrate : 0.0);
+  }
+  double brate[MAX_LIST][2] = {{0}}, bpick[MAX_LIST][2] = {{0}};
+  if (n_widths) {
+    int bp = n_pre < 32 ? n_pre : 32;
+    printf("batched decode (%d sequences at most, a %d-token prompt each, %d tokens each; medians "
+           "of %d):\n  width  greedy tok/s  x first  sampled tok/s  pick ms/token greedy, sampled\n",
+           widths[n_widths - 1], bp, n_dec, reps);
+    for (int bi = 0; bi < n_widths; bi++) {
+      for (int smp = 0; smp < 2; smp++) {
+        double rv[64], pv[64];
+        int nr = reps < 64 ? reps : 64;
+        for (int r = 0; r < nr; r++)
+          if (bench_batch(w, &so, widths[bi], bp, n_dec, smp, &rv[r], &pv[r]) < 0) goto fail;
+        brate[bi][smp] = median(rv, nr);
+        bpick[bi][smp] = median(pv, nr);
+      }
+      printf("  %5d  %12.2f  %7.2f  %13.2f  %.3f, %.3f\n", widths[bi], brate[bi][0],
+             brate[0][0] > 0 ? brate[bi][0] / brate[0][0] : 0.0, brate[bi][1],
+             bpick[bi][0] * 1e3, bpick[bi][1] * 1e3);
+    }
+  }
+  printf("summary: decode %.2f tok/s = %.2f of bandwidth; prefill %d: %.1f tok/s = %.2f of the BF16 "
+         "matrix rate",
+         dec_tps, bw > 0 ? bytes_tok * dec_tps / bw : 0.0, n_pre, n_pre / pre,
+         mrate > 0 ? flop_tok * n_pre / pre / mrate : 0.0);
+  for (int li = 0; li < n_lens; li++)
+    printf("; prefill %d: %.1f tok/s = %.2f", lens[li], pre_rate[li],
+           mrate > 0 ? flop_tok * pre_rate[li] / mrate : 0.0);
+  for (int bi = 0; bi < n_widths; bi++)
+    printf("; batch %d: %.1f tok/s greedy, %.1f sampled", widths[bi], brate[bi][0], brate[bi][1]);
+  printf("\n");
   double roof = 1;
   int roof_k = 0;
   if (t_spec_run > 0 && roofline(w, &so, spec, tok, n_pre, n_dec, sst.k_max, &roof, &roof_k) < 0)

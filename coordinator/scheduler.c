@@ -690,9 +690,12 @@ static void gauges(lks_sched *s) {
 // speculative steps without prefill rows, which would blur them). K, R: the deepest draft count
 // and the draft rows of the step.
 static void account(lks_sched *s, int n_dec, bool prefill, bool speculated, int produced,
-                    double dt, double t_propose, int K, int R, bool caught_up) {
+                    double dt, double t_propose, double t_pick, int n_seqs, int K, int R,
+                    bool caught_up) {
   pthread_mutex_lock(&s->mu);
   lks__sched_hist_add(&s->st.step, dt);
+  s->st.t_pick += t_pick;
+  s->st.seq_steps += (uint64_t)n_seqs;
   s->st.steps++;
   gauges(s);
   if (!prefill && n_dec > 0) {
@@ -733,9 +736,12 @@ int lks_sched_step(lks_sched *s) {
     pthread_mutex_unlock(&s->mu);
     return n_free + n_alloc > 0 || levers;
   }
+  double t1 = lks_clock();
   LKS_TRY(accept(s, n, &out, logits));
+  double t_pick = lks_clock() - t1;
   int produced = emit(s, n, &speculated);
-  account(s, n_dec, prefill, speculated, produced, lks_clock() - t0, t_propose, K, R, caught_up);
+  account(s, n_dec, prefill, speculated, produced, lks_clock() - t0, t_propose, t_pick, n, K, R,
+          caught_up);
   return 1;
 }
 

@@ -165,6 +165,11 @@ typedef struct lks_sched_stats {
   int n_drafts;
   char ladder[LKS_LADDER_TEXT];
   lks_spec_stats spec;  // speculation: rounds, per-position proposed/accepted, rates
+  // Picking tokens from a step's output on the scheduler's thread (logit processors, JSON mask,
+  // sampling, logprobs, acceptance): seconds, and sequences stepped (each step's sequences
+  // summed), over all steps.
+  double t_pick;
+  uint64_t seq_steps;
 } lks_sched_stats;
 void lks_sched_stats_get(lks_sched *s, lks_sched_stats *out);
 

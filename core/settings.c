@@ -94,6 +94,11 @@ static const lks_setting_def defs[] = {
     {"prefill-len", 0, LKS_SET_INT, 1, 1 << 20, "128", false, "bench: prompt tokens to prefill"},
     {"decode-len", 0, LKS_SET_INT, 1, 1 << 20, "64", false, "bench: tokens to decode"},
     {"repeats", 0, LKS_SET_INT, 1, 1000, "3", false, "bench: repetitions (medians reported)"},
+    {"prefill-lens", 0, LKS_SET_STR, 0, 0, "", false,
+     "bench: more prompt lengths to time prefill at, e.g. 64,512"},
+    {"batch", 0, LKS_SET_STR, 0, 0, "", false,
+     "bench: decode widths, e.g. 1,4,16: that many sequences decoded together, greedy and sampled "
+     "(T = 1, top-p 0.95), with the time picking tokens takes (at most --max-slots)"},
     {"help", 'h', LKS_SET_BOOL, 0, 0, "false", false, "print this help"},
 };
 enum { N_DEFS = sizeof defs / sizeof defs[0] };
