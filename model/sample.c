@@ -218,6 +218,66 @@ LKS_VECTORIZE static void bin_all(const float *l, int V, float mx,
   }
 }
 
+enum { SUB_BINS = 1024, SORT_AT_MOST = 256, REFINE_LEVELS = 3 };
+
+// The cut bin's tokens edge[0, *ne), whose keys d = (max - l) / T * BINS_PER_UNIT (computed as
+// bin_all does, so the same values) lie in [cut, cut + 1): while they are many, the bin is cut
+// into SUB_BINS finer ones by the same monotone key, every token of the sub-bins before the one
+// where the mass reaches top_p is taken (moved to the front; *acc grows by their mass), and the
+// search goes on in that sub-bin alone. Returns how many were taken; edge[taken, taken + *ne)
+// is what is left, for the caller to sort. A sub-bin keeps the tokens of one key range, so what
+// is taken is what a full sort would take first, ties included (equal logits share a sub-bin).
+static int refine_edge(cand *edge, int *ne, float mx, float inv_t, const float *w, double sum,
+                       double top_p, int cut, double *acc) {
+  double lo = cut, width = 1;
+  int taken = 0, n = *ne;
+  double mass[SUB_BINS];
+  int count[SUB_BINS];
+  for (int level = 0; level < REFINE_LEVELS && n > SORT_AT_MOST; level++) {
+    cand *e = edge + taken;
+    double scale = SUB_BINS / width;
+    memset(mass, 0, sizeof mass);
+    memset(count, 0, sizeof count);
+    for (int j = 0; j < n; j++) {
+      double d = (double)((mx - e[j].l) * inv_t * BINS_PER_UNIT);
+      int b = (int)((d - lo) * scale);
+      b = b < 0 ? 0 : b >= SUB_BINS ? SUB_BINS - 1 : b;
+      mass[b] += w[e[j].i];
+      count[b]++;
+    }
+    int c2 = 0, before = 0;
+    for (; c2 < SUB_BINS - 1; c2++) {
+      if (*acc + mass[c2] / sum >= top_p) break;
+      *acc += mass[c2] / sum;
+      before += count[c2];
+    }
+    if (count[c2] == n) {  // no progress: one key range (ties); narrower, or sorted by the caller
+      lo += c2 / scale;
+      width /= SUB_BINS;
+      continue;
+    }
+    // Partition e: the sub-bins before c2 first, then c2's tokens; the rest is dropped.
+    int f = 0;
+    for (int pass = 0; pass < 2; pass++)
+      for (int j = f; j < n; j++) {
+        double d = (double)((mx - e[j].l) * inv_t * BINS_PER_UNIT);
+        int b = (int)((d - lo) * scale);
+        b = b < 0 ? 0 : b >= SUB_BINS ? SUB_BINS - 1 : b;
+        if (pass == 0 ? b < c2 : b == c2) {
+          cand t = e[f];
+          e[f++] = e[j];
+          e[j] = t;
+        }
+      }
+    taken += before;
+    n = count[c2];
+    lo += c2 / scale;
+    width /= SUB_BINS;
+  }
+  *ne = n;
+  return taken;
+}
+
 // Top-p over the whole vocabulary without sorting it: the mass of each bin of (max - l) / T finds
 // the bin where the cumulative mass reaches top_p; only that bin's tokens are sorted. Fills the
 // list of out (ids ascending, unnormalised weights in .l) and returns its length, or -1 when out
@@ -230,9 +290,24 @@ static int nucleus_by_bins(const float *l, int V, float mx, float inv_t, const f
   cand *c = NULL;
   if (!mass || !count || !bins) goto oom;
   bin_all(l, V, mx, inv_t, bins);
-  for (int i = 0; i < V; i++) {
-    mass[bins[i]] += w[i];
-    count[bins[i]]++;
+  {
+    // Four interleaved histograms, so that tokens of one bin in a row (all of them, for flat
+    // logits) do not wait on each other's sums; added in a fixed order.
+    double *m4 = calloc(4 * BINS, sizeof *m4);
+    if (!m4) goto oom;
+    int i = 0;
+    for (; i + 4 <= V; i += 4)
+      for (int j = 0; j < 4; j++) {
+        m4[j * BINS + bins[i + j]] += w[i + j];
+        count[bins[i + j]]++;
+      }
+    for (; i < V; i++) {
+      m4[bins[i]] += w[i];
+      count[bins[i]]++;
+    }
+    for (int b = 0; b < BINS; b++)
+      mass[b] = (m4[b] + m4[BINS + b]) + (m4[2 * BINS + b] + m4[3 * BINS + b]);
+    free(m4);
   }
   double acc = 0;
   int cut = 0, n = 0;
@@ -241,16 +316,16 @@ static int nucleus_by_bins(const float *l, int V, float mx, float inv_t, const f
     acc += mass[cut] / sum;
     n += count[cut];
   }
-  // The cut bin's tokens best first; the prefix of them that reaches top_p.
-  c = malloc((size_t)(n + count[cut]) * sizeof *c);
+  // The cut bin's tokens; the best-first prefix of them that reaches top_p.
+  c = malloc((size_t)(n + count[cut] + 1) * sizeof *c);  // + 1: the branch-free fill below
   if (!c) goto oom;
   cand *edge = c + n;
   int ne = 0;
   for (int i = 0; i < V; i++)
     if (bins[i] == cut) edge[ne++] = (cand){l[i], i};
-  qsort(edge, (size_t)ne, sizeof *edge, by_rank);
-  int take = 0;
-  while (take < ne) {
+  int take = cut < BINS - 1 ? refine_edge(edge, &ne, mx, inv_t, w, sum, top_p, cut, &acc) : 0;
+  qsort(edge + take, (size_t)ne, sizeof *edge, by_rank);
+  for (int j = 0; j < ne; j++) {
     acc += w[edge[take].i] / sum;
     take++;
     if (acc >= top_p) break;
@@ -260,8 +335,15 @@ static int nucleus_by_bins(const float *l, int V, float mx, float inv_t, const f
   // (marked with the bin number BINS, which no bin has).
   for (int j = 0; j < take; j++) bins[edge[j].i] = BINS;
   int k = 0;
-  for (int i = 0; i < V; i++)
-    if (bins[i] < cut || bins[i] == BINS) c[k++] = (cand){w[i], i};
+  if ((int64_t)(n + take) * 8 < V) {  // few kept: a branch that is rarely taken
+    for (int i = 0; i < V; i++)
+      if (bins[i] < cut || bins[i] == BINS) c[k++] = (cand){w[i], i};
+  } else {  // many (flat logits): a random mix, so branch-free
+    for (int i = 0; i < V; i++) {
+      c[k] = (cand){w[i], i};
+      k += (bins[i] < cut) | (bins[i] == BINS);
+    }
+  }
   free(mass);
   free(count);
   free(bins);
@@ -321,10 +403,15 @@ static int keep(const float *l, int V, const lks_sampling *p, kept_set *out) {
     free(w);
     qsort(out->c, (size_t)m, sizeof *out->c, by_id);
   }
-  // The kept list (in id order) renormalised over itself.
-  double s2 = 0;
-  for (int j = 0; j < m; j++) s2 += out->c[j].l;
-  for (int j = 0; j < m; j++) out->c[j].l = (float)(out->c[j].l / s2);
+  // The kept list (in id order) renormalised over itself: the sum in eight interleaved parts,
+  // then a fixed tree (as weights() sums).
+  double p8[8] = {0};
+  int j8 = 0;
+  for (; j8 + 8 <= m; j8 += 8)
+    for (int q = 0; q < 8; q++) p8[q] += out->c[j8 + q].l;
+  for (; j8 < m; j8++) p8[0] += out->c[j8].l;
+  double inv = 1.0 / (((p8[0] + p8[4]) + (p8[1] + p8[5])) + ((p8[2] + p8[6]) + (p8[3] + p8[7])));
+  for (int j = 0; j < m; j++) out->c[j].l = (float)(out->c[j].l * inv);
   out->n = m;
   return 0;
 oom:

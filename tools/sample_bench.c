@@ -218,6 +218,26 @@ int main(int argc, char **argv) {
     double a = ms_per_token(lks_sample, rows, ROWS, V, &cases[c].p, 64, repeats, &check);
     printf("%-26s %10.3f %10.3f %7.0fx\n", cases[c].name, b, a, b / a);
   }
+  // Nearly flat rows, as an untrained model's (logits within +-0.1): top-p must then keep most
+  // of the vocabulary, the worst case for finding its edge.
+  float *flat[ROWS];
+  for (int r = 0; r < ROWS; r++) {
+    flat[r] = malloc((size_t)V * sizeof(float));
+    for (int i = 0; i < V; i++) {
+      g = g * 6364136223846793005ull + 1442695040888963407ull;
+      flat[r][i] = 0.1f * ((float)(g >> 40) / (float)(1 << 24) * 2 - 1);
+    }
+  }
+  static const struct {
+    const char *name;
+    lks_sampling p;
+  } flat_cases[] = {{"flat T=1 top_p=0.95", {1.0f, 0, 0.95f}}, {"flat T=1 top_p=0.5", {1.0f, 0, 0.5f}}};
+  for (size_t c = 0; c < sizeof flat_cases / sizeof flat_cases[0]; c++) {
+    double b = ms_per_token(before_sample, flat, ROWS, V, &flat_cases[c].p, 8, repeats, &check);
+    double a = ms_per_token(lks_sample, flat, ROWS, V, &flat_cases[c].p, 64, repeats, &check);
+    printf("%-26s %10.3f %10.3f %7.0fx\n", flat_cases[c].name, b, a, b / a);
+  }
+  for (int r = 0; r < ROWS; r++) free(flat[r]);
   // Logit processing: what pick() adds to a row of a request that uses it.
   enum { HIST = 2048, PROMPT = 1024, BIASES = 300, REPS = 200 };
   int32_t *hist = malloc(HIST * sizeof *hist), *counts = calloc((size_t)V, sizeof *counts);
