@@ -65,7 +65,7 @@ static int submit_for_proposer(void *ctx, Lockstep__Command *cmd, const int32_t 
   return 0;
 }
 
-static int mem_new(lks__sched_mem *m, int n, int vocab) {
+static int mem_new(lks__sched_mem *m, int n, int vocab, int n_pick) {
   size_t N = (size_t)n, R = (size_t)(LKS_MAX_DRAFTS + 1);
   m->to_free = calloc(N, sizeof *m->to_free);
   m->to_alloc = calloc(N, sizeof *m->to_alloc);
@@ -86,12 +86,14 @@ static int mem_new(lks__sched_mem *m, int n, int vocab) {
   m->idx = calloc(N, sizeof *m->idx);
   m->ntmp = calloc(N, sizeof *m->ntmp);
   m->dtmp = calloc(N * LKS_MAX_DRAFTS, sizeof *m->dtmp);
-  m->row = calloc((size_t)vocab, sizeof *m->row);
-  m->counts = calloc((size_t)vocab, sizeof *m->counts);
+  m->n_pick = n_pick;
+  m->row = calloc((size_t)n_pick * (size_t)vocab, sizeof *m->row);
+  m->counts = calloc((size_t)n_pick * (size_t)vocab, sizeof *m->counts);
+  m->pk = calloc(N, sizeof *m->pk);
   bool ok = m->to_free && m->to_alloc && m->dseq && m->dreq && m->drafts && m->n_d && m->kcap &&
             m->kscratch && m->pseq && m->st &&
             m->seqs && m->rows && m->tok && m->c_slot && m->c_keep &&
-            m->sub && m->idx && m->ntmp && m->dtmp && m->row && m->counts;
+            m->sub && m->idx && m->ntmp && m->dtmp && m->row && m->counts && m->pk;
   return ok ? 0 : lks_set_error(LKS_ENOMEM, "scheduler: out of memory for %d slots", n);
 }
 
@@ -117,6 +119,7 @@ static void mem_free(lks__sched_mem *m) {
   free(m->dtmp);
   free(m->row);
   free(m->counts);
+  free(m->pk);
 }
 
 static void slot_release(lks_sched *s, int i);
@@ -159,7 +162,10 @@ lks_sched *lks_sched_new(lks_world *w, const lks_tokenizer *tok, const lks_sched
     lks_set_error(LKS_ENOMEM, "scheduler: out of memory");
     goto fail;
   }
-  if (mem_new(&s->m, s->n_slots, s->vocab) < 0) goto fail;
+  // Picks spread over the backend's host threads (a device backend: 1).
+  int n_pick = lks_backend_host_threads(w->be);
+  n_pick = n_pick < 1 ? 1 : n_pick;
+  if (mem_new(&s->m, s->n_slots, s->vocab, n_pick) < 0) goto fail;
   static const double lat[LKS_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                                0.1,   0.25,   0.5,   1,    2.5,   10};
   hist_init(&s->st.ttft, lat);
@@ -528,7 +534,7 @@ static const float *grammar_mask(lks_sched *s, const lks_req *r, const lks_json_
 // extra[0, n_extra). A sample draws from a generator seeded by (seed, index) alone, so a
 // request's tokens depend neither on its batch nor on speculation. g: the JSON grammar's state
 // before this token (JSON mode), else NULL; its mask applies after the processors.
-static int pick(lks_sched *s, lks_req *r, const lks_engine_out *out, bool logits, int o,
+static int pick(lks_sched *s, int th, lks_req *r, const lks_engine_out *out, bool logits, int o,
                 int index, const lks_json_state *g, const int32_t *extra, int n_extra,
                 int32_t *tok) {
   if (!logits) {
@@ -537,10 +543,11 @@ static int pick(lks_sched *s, lks_req *r, const lks_engine_out *out, bool logits
   }
   const float *row = out->logits + (size_t)o * s->vocab;
   if (lks_logits_processed(&r->p.lp)) {
-    memcpy(s->m.row, row, (size_t)s->vocab * sizeof *row);
+    float *mine = s->m.row + (size_t)th * (size_t)s->vocab;
+    memcpy(mine, row, (size_t)s->vocab * sizeof *row);
     lks_logits_apply(&r->p.lp, r->hist, r->p.n_prompt, r->hist ? r->n_hist : 0, extra, n_extra,
-                     s->m.row, s->vocab, s->m.counts);
-    row = s->m.row;
+                     mine, s->vocab, s->m.counts + (size_t)th * (size_t)s->vocab);
+    row = mine;
   }
   if (g) row = grammar_mask(s, r, g, index, row);  // JSON mode
   lks_rng rng;
@@ -565,13 +572,13 @@ static int pick(lks_sched *s, lks_req *r, const lks_engine_out *out, bool logits
 // kept). In JSON mode row j is masked with the grammar after drafts d[0..j-1], the state plain
 // decoding would have there; a draft the grammar rejects differs from the (allowed) token of its
 // row, so it ends acceptance, and it never touches r->js.
-static int verify(lks_sched *s, lks_req *r, const int32_t *d, int nd, const lks_engine_out *out,
-                  bool logits, int o, int32_t *bonus) {
+static int verify(lks_sched *s, int th, lks_req *r, const int32_t *d, int nd,
+                  const lks_engine_out *out, bool logits, int o, int32_t *bonus) {
   int32_t target[LKS_MAX_DRAFTS + 1];
   lks_json_state g = r->js;
   const lks_json_state *gp = r->p.json_object ? &g : NULL;
   for (int j = 0; j <= nd; j++) {
-    LKS_TRY(pick(s, r, out, logits, o + j, r->n_generated + j, gp, d, j, &target[j]));
+    LKS_TRY(pick(s, th, r, out, logits, o + j, r->n_generated + j, gp, d, j, &target[j]));
     if (j == nd || target[j] != d[j]) break;
     if (gp && !lks_json_advance(s->json, &g, d[j])) break;  // (the row's token: never refused)
   }
@@ -586,12 +593,77 @@ static void grammar_advance(lks_sched *s, lks_req *r, const int32_t *t, int n) {
       LKS_LOG(LKS_LOG_WARN, "json mode: token %d was picked outside the grammar", (int)t[i]);
 }
 
+// The picks of emitting row i, whose output rows start at o, with host thread th's scratch:
+// into m->pk[i], and its logprob reports into the row. Touches nothing shared but the request's
+// JSON grammar cache (JSON mode), so rows without it may be picked on several threads at once.
+static void pick_row(lks_sched *s, int th, int i, int o, const lks_engine_out *out, bool logits) {
+  lks__sched_row *rp = &s->m.rows[i];
+  lks__sched_pick *pk = &s->m.pk[i];
+  lks_req *r = rp->r;
+  pk->rc = 0;
+  if (rp->nd == 0) {
+    pk->rc = pick(s, th, r, out, logits, o, r->n_generated, r->p.json_object ? &r->js : NULL,
+                  NULL, 0, &pk->tok);
+    if (pk->rc == 0 && r->p.lp.logprobs)
+      lks_logprobs_row(out->logits + (size_t)o * s->vocab, s->vocab, pk->tok,
+                       r->p.lp.top_logprobs, &rp->lp[0]);
+    return;
+  }
+  const int32_t *d = s->m.st[i].tokens + 1;
+  pk->bonus = -1;
+  int a = verify(s, th, r, d, rp->nd, out, logits, o, &pk->bonus);
+  if (a < 0) {
+    pk->rc = a;
+    return;
+  }
+  pk->a = a;
+  // The reports of the emitted tokens, each from its own verify row (the raw logits).
+  for (int j = 0; j <= a && r->p.lp.logprobs; j++)
+    lks_logprobs_row(out->logits + (size_t)(o + j) * s->vocab, s->vocab, j < a ? d[j] : pk->bonus,
+                     r->p.lp.top_logprobs, &rp->lp[j]);
+}
+
+typedef struct {
+  lks_sched *s;
+  const lks_engine_out *out;
+  bool logits;
+  const int *row, *orow;  // [tasks] the emitting rows and where their output rows start
+} pick_job;
+
+static void pick_task(void *ctx, int task, int thread) {
+  pick_job *j = ctx;
+  pick_row(j->s, thread, j->row[task], j->orow[task], j->out, j->logits);
+}
+
 // Accept: every output row's token(s); verified sequences keep L + a + 1 positions (COMMIT rolls
-// the rejected rows back on every rank), and the proposer hears what happened.
+// the rejected rows back on every rank), and the proposer hears what happened. First the picks
+// of every emitting row, spread over the backend's host threads when several rows need their
+// logits (sampling, processors, logprobs: about 0.1-1 ms a row at a vocabulary of 151,552) and
+// none is in JSON mode; each row's picks depend on its own logits and request alone, so the
+// tokens do not depend on the spreading. Then, in row order, what they change.
 static int accept(lks_sched *s, int n, const lks_engine_out *out, bool logits) {
   lks__sched_mem *m = &s->m;
   lks_proposer *pr = s->proposer;
-  int o = 0, n_commit = 0;
+  int o = 0, n_commit = 0, n_emit = 0;
+  bool json = false;
+  for (int i = 0; i < n; i++) {
+    lks__sched_row *rp = &m->rows[i];
+    if (!rp->emits) continue;
+    m->idx[n_emit] = i;
+    m->ntmp[n_emit++] = o;
+    o += rp->nd == 0 ? 1 : (int)m->st[i].n_tokens;
+    json |= rp->r->p.json_object;
+  }
+  if (logits && n_emit > 1 && m->n_pick > 1 && !json) {
+    pick_job pj = {s, out, logits, m->idx, m->ntmp};
+    lks_backend_host_run(s->w->be, n_emit, pick_task, &pj);
+  } else {
+    for (int e = 0; e < n_emit; e++) pick_row(s, 0, m->idx[e], m->ntmp[e], out, logits);
+  }
+  for (int e = 0; e < n_emit; e++)
+    if (m->pk[m->idx[e]].rc < 0)
+      return lks_set_error(m->pk[m->idx[e]].rc, "picking the tokens of slot %d failed",
+                           m->rows[m->idx[e]].r->slot);
   for (int i = 0; i < n; i++) {
     lks__sched_row *rp = &m->rows[i];
     lks_req *r = rp->r;
@@ -601,13 +673,7 @@ static int accept(lks_sched *s, int n, const lks_engine_out *out, bool logits) {
       continue;
     }
     if (rp->nd == 0) {
-      int32_t tok;
-      LKS_TRY(pick(s, r, out, logits, o, r->n_generated, r->p.json_object ? &r->js : NULL, NULL,
-                   0, &tok));
-      if (r->p.lp.logprobs)
-        lks_logprobs_row(out->logits + (size_t)o * s->vocab, s->vocab, tok, r->p.lp.top_logprobs,
-                         &rp->lp[0]);
-      o++;
+      int32_t tok = m->pk[i].tok;
       bool first = r->n_generated == 0;
       r->n_fed += nrows;
       r->last = tok;
@@ -620,14 +686,8 @@ static int accept(lks_sched *s, int n, const lks_engine_out *out, bool logits) {
     }
     const int32_t *d = m->st[i].tokens + 1;
     if (s->o.on_drafts) s->o.on_drafts(s->o.test_ctx, r->slot, r->n_generated, d, rp->nd);
-    int32_t bonus = -1;
-    int a = verify(s, r, d, rp->nd, out, logits, o, &bonus);
-    if (a < 0) return a;
-    // The reports of the emitted tokens, each from its own verify row (the raw logits).
-    for (int j = 0; j <= a && r->p.lp.logprobs; j++)
-      lks_logprobs_row(out->logits + (size_t)(o + j) * s->vocab, s->vocab, j < a ? d[j] : bonus,
-                       r->p.lp.top_logprobs, &rp->lp[j]);
-    o += nrows;
+    int32_t bonus = m->pk[i].bonus;
+    int a = m->pk[i].a;
     pthread_mutex_lock(&s->mu);
     for (int j = 0; j < rp->nd; j++) {
       s->st.spec.proposed[j]++;

@@ -66,6 +66,16 @@ typedef struct lks__sched_levers {
   lks_ladder parsed;
 } lks__sched_levers;
 
+// What accept's first phase picks for one emitting row (possibly on another host thread): a
+// decode row's token, or a verify's accepted drafts and bonus token; the logprob reports go to
+// the row itself (lks__sched_row.lp).
+typedef struct lks__sched_pick {
+  int32_t tok;    // nd == 0
+  int a;          // nd > 0: drafts accepted
+  int32_t bonus;  // nd > 0
+  int rc;         // 0, or the error that stopped the pick
+} lks__sched_pick;
+
 // One sequence's part of a step's forward (scheduler thread).
 typedef struct lks__sched_row {
   lks_req *r;
@@ -94,8 +104,12 @@ typedef struct lks__sched_mem {
   lks_spec_seq **sub;             // [n_slots] the sequences of one propose or catch-up
   int *idx, *ntmp;                // [n_slots]
   int32_t *dtmp;                  // [n_slots * LKS_MAX_DRAFTS] one propose's drafts
-  float *row;                     // [vocab] a row's logits after the request's processors
-  int32_t *counts;                // [vocab] zeros: the processors' token counts
+  // Per host thread of the picks (n_pick of them): a row's logits after the request's
+  // processors, and the processors' token counts (zeros between uses).
+  int n_pick;
+  float *row;                     // [n_pick * vocab]
+  int32_t *counts;                // [n_pick * vocab]
+  lks__sched_pick *pk;            // [n_slots] each row's picks, before accept's bookkeeping
 } lks__sched_mem;
 
 struct lks_sched {

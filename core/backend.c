@@ -180,6 +180,19 @@ int lks_backend_experts(lks_backend *be, lks_tensor out, lks_tensor x,
   return 0;
 }
 
+int lks_backend_host_threads(lks_backend *be) {
+  return be->ops->host_run && be->ops->host_threads ? be->ops->host_threads(be) : 1;
+}
+
+void lks_backend_host_run(lks_backend *be, int n_tasks, void (*fn)(void *ctx, int task, int thread),
+                          void *ctx) {
+  if (be->ops->host_run && be->ops->host_threads) {
+    be->ops->host_run(be, n_tasks, fn, ctx);
+    return;
+  }
+  for (int t = 0; t < n_tasks; t++) fn(ctx, t, 0);
+}
+
 int lks_backend_step(lks_backend *be, uint64_t key, int (*step)(void *ctx), void *ctx) {
   if (!key || !be->ops->step_begin || !be->ops->step_end) return step(ctx);
   int rc = be->ops->step_begin(be, key);

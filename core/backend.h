@@ -223,6 +223,14 @@ typedef struct lks_backend_ops {
   int (*mla_attention)(lks_backend *be, lks_tensor out, lks_tensor q, lks_tensor wkv_b,
                        const lks_kv_layer *kv, const lks_attn_rows *rows, const lks_mla_dims *d,
                        const int32_t *sel, const int32_t *n_sel, int sel_stride);
+
+  // Host work between forwards (the scheduler's token picks) on the backend's host threads:
+  // fn(ctx, task, thread) for every task < n_tasks, thread < host_threads(be); returns when all
+  // are done. Called from the thread that runs the forwards, never during one. Optional: NULL
+  // (a device backend) runs the tasks on the caller, thread 0 (lks_backend_host_run).
+  int (*host_threads)(lks_backend *be);
+  void (*host_run)(lks_backend *be, int n_tasks, void (*fn)(void *ctx, int task, int thread),
+                   void *ctx);
 } lks_backend_ops;
 
 struct lks_backend {
@@ -254,6 +262,11 @@ int lks_attn_rows_check(const lks_kv_layer *kv, const lks_attn_rows *rows);
 // The experts op, or its default: ops->expert once per call, in order.
 int lks_backend_experts(lks_backend *be, lks_tensor out, lks_tensor x,
                         const lks_expert_call *calls, int n_calls);
+
+// The host threads lks_backend_host_run spreads tasks over (1 without host_run), and the run.
+int lks_backend_host_threads(lks_backend *be);
+void lks_backend_host_run(lks_backend *be, int n_tasks, void (*fn)(void *ctx, int task, int thread),
+                          void *ctx);
 
 // Reads a whole tensor view to host memory as f32 (any dtype), row by row.
 int lks_tensor_to_host_f32(lks_backend *be, float *dst, lks_tensor t);

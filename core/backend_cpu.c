@@ -596,6 +596,15 @@ static int cpu_expert(lks_backend *be, lks_tensor out, lks_tensor x, const int32
   return cpu_experts(be, out, x, &one, 1);
 }
 
+// ---- host work between forwards ----
+
+static int cpu_host_threads(lks_backend *be) { return ((cpu_backend *)be)->n_threads; }
+
+static void cpu_host_run(lks_backend *be, int n_tasks, void (*fn)(void *ctx, int task, int thread),
+                         void *ctx) {
+  lks_pool_run(((cpu_backend *)be)->pool, n_tasks, fn, ctx);
+}
+
 // ---- lifetime ----
 
 static void cpu_free(lks_backend *be) {
@@ -627,6 +636,8 @@ static const lks_backend_ops cpu_ops = {
     .route = cpu_route,
     .expert = cpu_expert,
     .experts = cpu_experts,
+    .host_threads = cpu_host_threads,
+    .host_run = cpu_host_run,
     .gather_rows = cpu_gather_rows,
     .argmax = cpu_argmax,
     .layernorm = lks__cpu_layernorm,
