@@ -63,6 +63,9 @@ int lks_cmd_inspect(lks_settings *s, const char *dir) {
     printf("\n");
   }
   lks_model *m = lks_model_load(dir, be, report, &p);
+  // The KV figures for --kv-dtype (f32 unless bf16).
+  lks_dtype kvd = strcmp(lks_settings_str(s, "kv-dtype"), "bf16") == 0 ? LKS_BF16 : LKS_F32;
+  if (m) lks_model_set_kv_dtype(m, kvd);
   if (m) {
     lks_model_stats st;
     lks_model_stats_get(m, &st);
@@ -103,6 +106,7 @@ int lks_cmd_inspect(lks_settings *s, const char *dir) {
         c->rank = r;
         c->world = world;
         lks_model *sm = lks_model_load_shard(dir, be, c, report, &p);
+        if (sm) lks_model_set_kv_dtype(sm, kvd);
         if (sm) {
           lks_model_stats ss;
           lks_model_stats_get(sm, &ss);

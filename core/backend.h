@@ -66,10 +66,12 @@ lks_tensor lks_tensor_cols(lks_tensor t, int64_t c0, int64_t n);
 // The same contiguous memory seen as [rows, cols] (rows * cols must match; t must be contiguous).
 lks_tensor lks_tensor_reshape(lks_tensor t, int64_t rows, int64_t cols);
 
-// One layer's paged KV cache: K and V pools of [n_blocks * block_size, n_kv_heads * head_dim] f32.
+// One layer's paged KV cache: K and V pools of [n_blocks * block_size, n_kv_heads * head_dim]
+// elements of dtype (F32, or BF16: each value rounded to nearest even as it is stored).
 typedef struct lks_kv_layer {
   lks_buf *k, *v;
   int n_blocks, block_size, n_kv_heads, head_dim;
+  lks_dtype dtype;
 } lks_kv_layer;
 
 // Where each row of a forward batch sits: its sequence (an index into block_table), position and

@@ -341,14 +341,17 @@ static void attn_task(void *ctx, int task, int thread) {
   int64_t kv_ld = (int64_t)kv->n_kv_heads * hd;
   const float *q = row_f32(j->q, row) + (int64_t)kvh * group * hd;
   float *o = row_f32(j->out, row) + (int64_t)kvh * group * hd;
-  const float *K = kv->k->data, *V = kv->v->data;
+  bool bf16 = kv->dtype == LKS_BF16;
+  const char *K = kv->k->data, *V = kv->v->data;
+  size_t es = bf16 ? 2 : 4;
   const int32_t *bt = j->rows->block_table + (size_t)j->rows->seq[row] * j->rows->max_blocks;
   int n_pos = j->rows->pos[row] + 1;
   float *s = j->c->thread_scratch[thread].p;  // [group, n_pos]
   for (int p0 = 0; p0 < n_pos; p0 += bs) {
     int np = n_pos - p0 < bs ? n_pos - p0 : bs;
-    const float *kb = K + (int64_t)bt[p0 / bs] * bs * kv_ld + kvh * hd;
-    j->c->k->mm_f32(kb, kv_ld, np, q, hd, group, hd, s + p0, n_pos);
+    const char *kb = K + ((int64_t)bt[p0 / bs] * bs * kv_ld + kvh * hd) * es;
+    if (bf16) j->c->k->mm_bf16(kb, kv_ld, np, q, hd, group, hd, s + p0, n_pos);
+    else j->c->k->mm_f32(kb, kv_ld, np, q, hd, group, hd, s + p0, n_pos);
   }
   for (int g = 0; g < group; g++) {
     float *sg = s + (int64_t)g * n_pos;
@@ -368,8 +371,9 @@ static void attn_task(void *ctx, int task, int thread) {
   for (int64_t d = 0; d < (int64_t)group * hd; d++) o[d] = 0;
   for (int p0 = 0; p0 < n_pos; p0 += bs) {
     int np = n_pos - p0 < bs ? n_pos - p0 : bs;
-    const float *vb = V + (int64_t)bt[p0 / bs] * bs * kv_ld + kvh * hd;
-    j->c->k->pv(s + p0, n_pos, group, vb, kv_ld, np, hd, o);
+    const char *vb = V + ((int64_t)bt[p0 / bs] * bs * kv_ld + kvh * hd) * es;
+    if (bf16) j->c->k->pv_bf16(s + p0, n_pos, group, (const uint16_t *)vb, kv_ld, np, hd, o);
+    else j->c->k->pv(s + p0, n_pos, group, (const float *)vb, kv_ld, np, hd, o);
   }
 }
 
@@ -379,6 +383,16 @@ static int cpu_kv_store(lks_backend *be, const lks_kv_layer *kv, lks_tensor k, l
   LKS_TRY(lks_attn_rows_check(kv, rows));
   size_t w = (size_t)kv->n_kv_heads * kv->head_dim;
   for (int i = 0; i < rows->n; i++) {
+    if (kv->dtype == LKS_BF16) {  // rounded to nearest even
+      uint16_t *kd = (uint16_t *)kv->k->data + (size_t)rows->slot[i] * w;
+      uint16_t *vd = (uint16_t *)kv->v->data + (size_t)rows->slot[i] * w;
+      const float *ks = row_f32(k, i), *vs = row_f32(v, i);
+      for (size_t c = 0; c < w; c++) {
+        kd[c] = lks_f32_to_bf16(ks[c]);
+        vd[c] = lks_f32_to_bf16(vs[c]);
+      }
+      continue;
+    }
     memcpy((float *)kv->k->data + (size_t)rows->slot[i] * w, row_f32(k, i), w * sizeof(float));
     memcpy((float *)kv->v->data + (size_t)rows->slot[i] * w, row_f32(v, i), w * sizeof(float));
   }

@@ -59,38 +59,50 @@ static void pv_scalar(const float *w, int64_t ldw, int G, const float *v, int64_
     }
 }
 
+static void pv_bf16_scalar(const float *w, int64_t ldw, int G, const uint16_t *v, int64_t ldv,
+                           int np, int hd, float *o) {
+  for (int p = 0; p < np; p++)
+    for (int g = 0; g < G; g++) {
+      float wg = w[g * ldw + p];
+      const uint16_t *vp = v + p * ldv;
+      float *og = o + (int64_t)g * hd;
+      for (int d = 0; d < hd; d++) og[d] += wg * lks_bf16_to_f32(vp[d]);
+    }
+}
+
 static const lks__cpu_kernels k_scalar = {.name = "scalar",
                                           .dot_bf16 = dot_bf16_scalar,
                                           .dot_f32 = dot_f32_scalar,
                                           .mm_bf16 = mm_bf16_scalar,
                                           .mm_f32 = mm_f32_scalar,
-                                          .pv = pv_scalar};
+                                          .pv = pv_scalar,
+                                          .pv_bf16 = pv_bf16_scalar};
 
 // The weighted sum of values for NG query heads at once, chunk by chunk of the head dimension
 // (LANES wide): the chunk's NG accumulators stay in registers over the block's positions, and
 // each value chunk is loaded once for all of them. Defined per level with its vector type,
 // load (masked: zeros past hd), fused multiply-add and store (masked).
-#define DEFINE_PV(level, ATTR, VEC, LANES, LOAD, STORE, FMA, SET1)                              \
-  INLINE ATTR void pv_blk_##level(const float *w, int64_t ldw, const float *v, int64_t ldv,     \
-                                  int np, int hd, float *o, int NG) {                           \
+#define DEFINE_PV(name, ATTR, VT, VEC, LANES, LOADV, LOAD, STORE, FMA, SET1)                  \
+  INLINE ATTR void name##_blk(const float *w, int64_t ldw, const VT *v, int64_t ldv, int np,    \
+                              int hd, float *o, int NG) {                                       \
     for (int d = 0; d < hd; d += LANES) {                                                       \
       int r = hd - d < LANES ? hd - d : LANES;                                                  \
       VEC acc[8];                                                                               \
       _Pragma("GCC unroll 8") for (int i = 0; i < NG; i++) acc[i] = LOAD(o + i * hd + d, r);    \
       for (int p = 0; p < np; p++) {                                                            \
-        VEC vv = LOAD(v + p * ldv + d, r);                                                      \
+        VEC vv = LOADV(v + p * ldv + d, r);                                                     \
         _Pragma("GCC unroll 8") for (int i = 0; i < NG; i++) acc[i] =                           \
             FMA(SET1(w[i * ldw + p]), vv, acc[i]);                                              \
       }                                                                                         \
       _Pragma("GCC unroll 8") for (int i = 0; i < NG; i++) STORE(o + i * hd + d, acc[i], r);    \
     }                                                                                           \
   }                                                                                             \
-  ATTR static void pv_##level(const float *w, int64_t ldw, int G, const float *v, int64_t ldv,  \
-                              int np, int hd, float *o) {                                       \
+  ATTR static void name(const float *w, int64_t ldw, int G, const VT *v, int64_t ldv, int np,   \
+                        int hd, float *o) {                                                     \
     int g = 0;                                                                                  \
-    for (; g + 8 <= G; g += 8) pv_blk_##level(w + g * ldw, ldw, v, ldv, np, hd, o + g * hd, 8); \
-    for (; g + 4 <= G; g += 4) pv_blk_##level(w + g * ldw, ldw, v, ldv, np, hd, o + g * hd, 4); \
-    for (; g < G; g++) pv_blk_##level(w + g * ldw, ldw, v, ldv, np, hd, o + g * hd, 1);         \
+    for (; g + 8 <= G; g += 8) name##_blk(w + g * ldw, ldw, v, ldv, np, hd, o + g * hd, 8);     \
+    for (; g + 4 <= G; g += 4) name##_blk(w + g * ldw, ldw, v, ldv, np, hd, o + g * hd, 4);     \
+    for (; g < G; g++) name##_blk(w + g * ldw, ldw, v, ldv, np, hd, o + g * hd, 1);             \
   }
 
 // The blocking of an m x n product: with one activation row, blocks of 8 weight rows (8
@@ -299,7 +311,12 @@ INLINE AVX2 void pv_st8(float *p, __m256 v, int r) {
     memcpy(p, b, (size_t)r * sizeof *b);
   }
 }
-DEFINE_PV(avx2, AVX2, __m256, 8, pv_ld8, pv_st8, _mm256_fmadd_ps, _mm256_set1_ps)
+INLINE AVX2 __m256 pv_ld8_bf16(const uint16_t *p, int r) {
+  return r == 8 ? ld8_bf16(p) : ld8_bf16_tail(p, r);
+}
+DEFINE_PV(pv_avx2, AVX2, float, __m256, 8, pv_ld8, pv_ld8, pv_st8, _mm256_fmadd_ps, _mm256_set1_ps)
+DEFINE_PV(pv_bf16_avx2, AVX2, uint16_t, __m256, 8, pv_ld8_bf16, pv_ld8, pv_st8, _mm256_fmadd_ps,
+          _mm256_set1_ps)
 
 INLINE AVX512 __m512 pv_ld16(const float *p, int r) {
   return _mm512_maskz_loadu_ps((__mmask16)((1u << r) - 1), p);
@@ -307,20 +324,28 @@ INLINE AVX512 __m512 pv_ld16(const float *p, int r) {
 INLINE AVX512 void pv_st16(float *p, __m512 v, int r) {
   _mm512_mask_storeu_ps(p, (__mmask16)((1u << r) - 1), v);
 }
-DEFINE_PV(avx512, AVX512, __m512, 16, pv_ld16, pv_st16, _mm512_fmadd_ps, _mm512_set1_ps)
+INLINE AVX512 __m512 pv_ld16_bf16(const uint16_t *p, int r) {
+  return ld16_bf16_bits(_mm256_maskz_loadu_epi16((__mmask16)((1u << r) - 1), p));
+}
+DEFINE_PV(pv_avx512, AVX512, float, __m512, 16, pv_ld16, pv_ld16, pv_st16, _mm512_fmadd_ps,
+          _mm512_set1_ps)
+DEFINE_PV(pv_bf16_avx512, AVX512, uint16_t, __m512, 16, pv_ld16_bf16, pv_ld16, pv_st16,
+          _mm512_fmadd_ps, _mm512_set1_ps)
 
 static const lks__cpu_kernels k_avx2 = {.name = "avx2",
                                         .dot_bf16 = dot_bf16_avx2,
                                         .dot_f32 = dot_f32_avx2,
                                         .mm_bf16 = mm_bf16_avx2,
                                         .mm_f32 = mm_f32_avx2,
-                                        .pv = pv_avx2};
+                                        .pv = pv_avx2,
+                                        .pv_bf16 = pv_bf16_avx2};
 static const lks__cpu_kernels k_avx512 = {.name = "avx512",
                                           .dot_bf16 = dot_bf16_avx512,
                                           .dot_f32 = dot_f32_avx512,
                                           .mm_bf16 = mm_bf16_avx512,
                                           .mm_f32 = mm_f32_avx512,
-                                          .pv = pv_avx512};
+                                          .pv = pv_avx512,
+                                          .pv_bf16 = pv_bf16_avx512};
 #elif defined(__aarch64__)
 #include <arm_neon.h>
 #include <asm/hwcap.h>
@@ -433,14 +458,22 @@ INLINE void pv_st4(float *p, float32x4_t v, int r) {
 }
 INLINE float32x4_t pv_fma4(float32x4_t a, float32x4_t b, float32x4_t acc) { return vfmaq_f32(acc, a, b); }
 #define NEON_ATTR
-DEFINE_PV(neon, NEON_ATTR, float32x4_t, 4, pv_ld4, pv_st4, pv_fma4, vdupq_n_f32)
+INLINE float32x4_t pv_ld4_bf16(const uint16_t *p, int r) {
+  uint16_t b[4] = {0};
+  memcpy(b, p, (size_t)r * sizeof *b);
+  return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(b), 16));
+}
+DEFINE_PV(pv_neon, NEON_ATTR, float, float32x4_t, 4, pv_ld4, pv_ld4, pv_st4, pv_fma4, vdupq_n_f32)
+DEFINE_PV(pv_bf16_neon, NEON_ATTR, uint16_t, float32x4_t, 4, pv_ld4_bf16, pv_ld4, pv_st4, pv_fma4,
+          vdupq_n_f32)
 
 static const lks__cpu_kernels k_neon = {.name = "neon",
                                         .dot_bf16 = dot_bf16_neon,
                                         .dot_f32 = dot_f32_neon,
                                         .mm_bf16 = mm_bf16_neon,
                                         .mm_f32 = mm_f32_neon,
-                                        .pv = pv_neon};
+                                        .pv = pv_neon,
+                                        .pv_bf16 = pv_bf16_neon};
 
 // ---- NEON with the BF16 extension (BFMMLA): only when asked for, LKS_SIMD=neon_bf16 ----
 // Built by gcc only: its arm_neon.h declares the BF16 intrinsics for a function that targets
@@ -523,6 +556,7 @@ static const lks__cpu_kernels k_neon_bf16 = {.name = "neon_bf16",
                                              .mm_bf16 = mm_bf16_neon_bf16,
                                              .mm_f32 = mm_f32_neon,
                                              .pv = pv_neon,
+                                             .pv_bf16 = pv_bf16_neon,
                                              .bf16_activations = 1};
 #endif  // !__clang__
 #endif

@@ -33,6 +33,9 @@ typedef void (*lks__mm_fn)(const void *w, int64_t ldw, int64_t m, const float *x
 // of its group.
 typedef void (*lks__pv_fn)(const float *w, int64_t ldw, int G, const float *v, int64_t ldv,
                            int np, int hd, float *o);
+// The same with BF16 values (a BF16 KV cache), widened to f32 exactly as they are loaded.
+typedef void (*lks__pv_bf16_fn)(const float *w, int64_t ldw, int G, const uint16_t *v,
+                                int64_t ldv, int np, int hd, float *o);
 
 typedef struct lks__cpu_kernels {
   const char *name;  // "scalar", "avx2", "avx512", "neon", "neon_bf16"
@@ -41,6 +44,7 @@ typedef struct lks__cpu_kernels {
   lks__mm_fn mm_bf16;
   lks__mm_fn mm_f32;
   lks__pv_fn pv;
+  lks__pv_bf16_fn pv_bf16;
   // 1 when dot_bf16 / mm_bf16 round the activations to BF16 (neon_bf16, never chosen by itself:
   // its error is far above the others', cpu_kernels.c says why).
   int bf16_activations;

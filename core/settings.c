@@ -30,6 +30,9 @@ static const lks_setting_def defs[] = {
      "memory (e.g. 0.5); every rank measures, the smallest wins (unset: every slot at max-seq-len)"},
     {"kv-blocks", 0, LKS_SET_INT, 0, 1 << 30, "0", false,
      "KV cache blocks per cache (0: from --kv-memory, or every slot at max-seq-len)"},
+    {"kv-dtype", 0, LKS_SET_STR, 0, 0, "f32", false,
+     "KV cache elements: f32, or bf16 (half the memory and the bytes attention reads; each value "
+     "rounded to nearest; cpu backend)"},
     {"prefix-cache", 0, LKS_SET_BOOL, 0, 0, "true", false,
      "keep the KV blocks of finished sequences and reuse them for prompts that start the same"},
     {"spec", 0, LKS_SET_STR, 0, 0, "off", true,

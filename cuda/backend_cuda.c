@@ -334,6 +334,9 @@ static int cu_kv_store(lks_backend *be, const lks_kv_layer *kv, lks_tensor k, lk
                        const lks_attn_rows *rows) {
   cuda_backend *c = (cuda_backend *)be;
   LKS_TRY(lks_attn_rows_check(kv, rows));
+  if (kv->dtype != LKS_F32)
+    return lks_set_error(LKS_EUNSUPPORTED, "cuda: a %s KV cache is not implemented (--kv-dtype f32)",
+                         lks_dtype_name(kv->dtype));
   if (rows->n <= 0) return 0;
   void *d_slot;
   LKS_TRY(up(c, SC_IDX0, rows->slot, (size_t)rows->n * sizeof(int32_t), &d_slot));
@@ -374,6 +377,9 @@ static int cu_attention(lks_backend *be, lks_tensor out, lks_tensor q, const lks
                         const lks_attn_rows *rows, int n_heads, float scale) {
   cuda_backend *c = (cuda_backend *)be;
   LKS_TRY(lks_attn_rows_check(kv, rows));
+  if (kv->dtype != LKS_F32)
+    return lks_set_error(LKS_EUNSUPPORTED, "cuda: a %s KV cache is not implemented (--kv-dtype f32)",
+                         lks_dtype_name(kv->dtype));
   if (rows->n <= 0) return 0;
   if (n_heads % kv->n_kv_heads != 0)
     return lks_set_error(LKS_ESHAPE, "attention: %d query heads over %d KV heads", n_heads,

@@ -294,8 +294,8 @@ int64_t lks_dflash_weight_bytes(const lks_dflash *d) { return d->weight_bytes; }
 
 lks_kv_cache *lks_dflash_kv_new(const lks_dflash *d, int block_size, int n_blocks, int max_seqs,
                                 int max_seq_len) {
-  return lks_kv_new(d->be, d->n_layers, d->nkv, d->head_dim, block_size, n_blocks, max_seqs,
-                    max_seq_len);
+  return lks_kv_new(d->be, d->n_layers, d->nkv, d->head_dim, LKS_F32, block_size, n_blocks,
+                    max_seqs, max_seq_len);
 }
 
 static int reserve(lks_dflash *d, int n) {

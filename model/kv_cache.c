@@ -24,8 +24,13 @@ struct lks_kv_cache {
 
 // width NULL: K and V pools of n_kv_heads * head_dim; else K pools of width[l] alone.
 static lks_kv_cache *kv_new(lks_backend *be, int n_layers, int n_kv_heads, int head_dim,
-                            const int *width, int block_size, int n_blocks, int max_seqs,
-                            int max_seq_len) {
+                            const int *width, lks_dtype dtype, int block_size, int n_blocks,
+                            int max_seqs, int max_seq_len) {
+  if ((dtype != LKS_F32 && dtype != LKS_BF16) || (dtype == LKS_BF16 && (n_kv_heads * head_dim) % 2)) {
+    lks_set_error(LKS_EUNSUPPORTED, "KV cache: %s elements of %d a row are not supported (F32, or "
+                  "BF16 with an even row)", lks_dtype_name(dtype), n_kv_heads * head_dim);
+    return NULL;
+  }
   lks_kv_cache *kv = calloc(1, sizeof *kv);
   if (!kv) return NULL;
   kv->be = be;
@@ -50,8 +55,8 @@ static lks_kv_cache *kv_new(lks_backend *be, int n_layers, int n_kv_heads, int h
     lks_kv_layer *L = &kv->layers[l];
     int heads = width ? 1 : n_kv_heads, hd = width ? width[l] : head_dim;
     *L = (lks_kv_layer){.n_blocks = n_blocks, .block_size = block_size,
-                        .n_kv_heads = heads, .head_dim = hd};
-    size_t pool = (size_t)n_blocks * block_size * heads * hd * sizeof(float);
+                        .n_kv_heads = heads, .head_dim = hd, .dtype = dtype};
+    size_t pool = (size_t)n_blocks * block_size * heads * hd * lks_dtype_size(dtype);
     if (pool == 0) continue;
     L->k = be->ops->buf_alloc(be, pool);
     L->v = width ? NULL : be->ops->buf_alloc(be, pool);
@@ -68,14 +73,15 @@ fail:
 }
 
 lks_kv_cache *lks_kv_new(lks_backend *be, int n_layers, int n_kv_heads, int head_dim,
-                         int block_size, int n_blocks, int max_seqs, int max_seq_len) {
-  return kv_new(be, n_layers, n_kv_heads, head_dim, NULL, block_size, n_blocks, max_seqs,
+                         lks_dtype dtype, int block_size, int n_blocks, int max_seqs,
+                         int max_seq_len) {
+  return kv_new(be, n_layers, n_kv_heads, head_dim, NULL, dtype, block_size, n_blocks, max_seqs,
                 max_seq_len);
 }
 
 lks_kv_cache *lks_kv_new_widths(lks_backend *be, int n_layers, const int *width, int block_size,
                                 int n_blocks, int max_seqs, int max_seq_len) {
-  return kv_new(be, n_layers, 0, 0, width, block_size, n_blocks, max_seqs, max_seq_len);
+  return kv_new(be, n_layers, 0, 0, width, LKS_F32, block_size, n_blocks, max_seqs, max_seq_len);
 }
 
 void lks_kv_free(lks_kv_cache *kv) {
@@ -182,7 +188,9 @@ int lks_kv_block_copy(lks_kv_cache *kv, int32_t dst, int32_t src) {
   int rc = 0;
   for (int l = 0; l < kv->n_layers && rc == 0; l++) {
     lks_kv_layer *L = &kv->layers[l];
+    // Rows copied as the bits they are: a BF16 row (even, kv_new) seen as F32 of half the width.
     int64_t rows = (int64_t)L->n_blocks * B, w = (int64_t)L->n_kv_heads * L->head_dim;
+    if (L->dtype == LKS_BF16) w /= 2;
     lks_tensor k = lks_tensor_2d(L->k, 0, LKS_F32, rows, w), v = lks_tensor_2d(L->v, 0, LKS_F32, rows, w);
     // A k-only layer (lks_kv_new_widths) has no V pool, and one of width 0 no pool at all.
     if (L->k) rc = kv->be->ops->gather_rows(kv->be, lks_tensor_rows(k, (int64_t)dst * B, B), k, idx);

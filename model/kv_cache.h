@@ -15,9 +15,10 @@
 typedef struct lks_kv_cache lks_kv_cache;
 
 // n_blocks blocks of block_size positions, for at most max_seqs sequences of at most
-// max_seq_len positions each. NULL on failure.
+// max_seq_len positions each, K and V of dtype (LKS_F32 or LKS_BF16). NULL on failure.
 lks_kv_cache *lks_kv_new(lks_backend *be, int n_layers, int n_kv_heads, int head_dim,
-                         int block_size, int n_blocks, int max_seqs, int max_seq_len);
+                         lks_dtype dtype, int block_size, int n_blocks, int max_seqs,
+                         int max_seq_len);
 // The same with one pool per layer of width[l] f32 values per position and no V pool (k only;
 // n_kv_heads 1, head_dim width[l]); a width of 0 gives that layer no pool. The MLA cache of
 // glm_moe_dsa: every layer's latent + rope key, and its indexer's keys, under one block table,

@@ -60,6 +60,7 @@ typedef struct {
 struct lks_model {
   lks_config cfg;
   shard sh;
+  lks_dtype kv_dtype;  // the GQA KV cache's elements (lks_model_set_kv_dtype); F32 unless set
   lks_comm *comm;   // not owned; NULL at world 1
   lks_backend *be;
   lks__mla *mla;    // glm_moe_dsa's attention (model/mla.c); NULL for glm4_moe
@@ -520,11 +521,23 @@ void lks_model_shard_rank(const lks_model *m, int *rank, int *world) {
   *world = m->sh.world;
 }
 
+int lks_model_set_kv_dtype(lks_model *m, lks_dtype t) {
+  if (t != LKS_F32 && t != LKS_BF16)
+    return lks_set_error(LKS_EINVAL, "KV cache: %s is not a KV cache type (f32 or bf16)",
+                         lks_dtype_name(t));
+  if (m->mla && t != LKS_F32) {
+    LKS_LOG(LKS_LOG_WARN, "KV cache: glm_moe_dsa's latent cache stays f32 (bf16 not implemented)");
+    return 0;
+  }
+  m->kv_dtype = t;
+  return 0;
+}
+
 lks_kv_cache *lks_model_kv_new(const lks_model *m, bool mtp, int block_size, int n_blocks,
                                int max_seqs, int max_seq_len) {
   if (m->mla) return lks__mla_kv_new(m->be, &m->cfg, mtp, block_size, n_blocks, max_seqs, max_seq_len);
   return lks_kv_new(m->be, mtp ? m->cfg.n_mtp : m->cfg.n_layers, m->sh.n_kv, m->cfg.head_dim,
-                    block_size, n_blocks, max_seqs, max_seq_len);
+                    m->kv_dtype, block_size, n_blocks, max_seqs, max_seq_len);
 }
 
 // Makes the activation buffers hold n rows.
@@ -971,6 +984,7 @@ void lks_model_stats_get(const lks_model *m, lks_model_stats *s) {
     layer_cost(m, &m->layers[c->n_layers], &mb, &mp, NULL);
     s->bytes_mtp_step = mb + tbytes(m->lm_head) + m->embed.cols * (int64_t)lks_dtype_size(m->embed.dtype);
   }
-  s->kv_bytes_per_pos = (int64_t)c->n_layers * 2 * m->sh.n_kv * c->head_dim * (int64_t)sizeof(float);
+  s->kv_bytes_per_pos =
+      (int64_t)c->n_layers * 2 * m->sh.n_kv * c->head_dim * (int64_t)lks_dtype_size(m->kv_dtype);
   if (m->mla) s->kv_bytes_per_pos = lks__mla_kv_floats_per_pos(c) * (int64_t)sizeof(float);
 }

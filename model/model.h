@@ -56,6 +56,10 @@ const lks_config *lks_model_config(const lks_model *m);
 bool lks_model_has_mtp(const lks_model *m);
 lks_backend *lks_model_backend(const lks_model *m);
 
+// The element type of the KV caches made after it (LKS_F32, the default, or LKS_BF16: half the
+// memory and the bytes attention reads, each K and V value rounded to nearest even). Refuses
+// others; glm_moe_dsa's latent cache stays F32 (logged).
+int lks_model_set_kv_dtype(lks_model *m, lks_dtype t);
 // A KV cache shaped for the target layers (or the MTP layer).
 lks_kv_cache *lks_model_kv_new(const lks_model *m, bool mtp, int block_size, int n_blocks,
                                int max_seqs, int max_seq_len);
@@ -128,7 +132,7 @@ typedef struct lks_model_stats {
   int64_t params_active;      // per target token: all but the unselected routed experts
   int64_t bytes_per_token;    // weight bytes one decode step reads (target, one row of embed)
   int64_t bytes_mtp_step;     // weight bytes one MTP draft step reads
-  int64_t kv_bytes_per_pos;   // KV cache bytes per position over all target layers (f32)
+  int64_t kv_bytes_per_pos;   // KV cache bytes per position over all target layers (of the KV dtype)
   int64_t weight_bytes;       // bytes of all weights
   int64_t bytes_per_token_fmt[LKS_N_WFMT];  // bytes_per_token by weight format
   unsigned group_fmts[LKS_N_WG];            // per group of weights: bit f set if format f is used

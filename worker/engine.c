@@ -169,9 +169,9 @@ int lks_engine_kv_read(const lks_engine *e, int slot, bool drafter, int pos, flo
     const lks_kv_layer *L = lks_kv_layer_at(kv, l);
     int64_t w = (int64_t)L->n_kv_heads * L->head_dim, rows = (int64_t)L->n_blocks * B;
     // K, and V where the layer has a V pool (the MLA cache has K pools alone, some empty).
-    if (L->k) LKS_TRY(lks_tensor_to_host_f32(be, out, lks_tensor_rows(lks_tensor_2d(L->k, 0, LKS_F32, rows, w), at, 1)));
+    if (L->k) LKS_TRY(lks_tensor_to_host_f32(be, out, lks_tensor_rows(lks_tensor_2d(L->k, 0, L->dtype, rows, w), at, 1)));
     else memset(out, 0, (size_t)w * sizeof *out);
-    if (L->v) LKS_TRY(lks_tensor_to_host_f32(be, out + w, lks_tensor_rows(lks_tensor_2d(L->v, 0, LKS_F32, rows, w), at, 1)));
+    if (L->v) LKS_TRY(lks_tensor_to_host_f32(be, out + w, lks_tensor_rows(lks_tensor_2d(L->v, 0, L->dtype, rows, w), at, 1)));
     else memset(out + w, 0, (size_t)w * sizeof *out);
     out += 2 * w;
     if (l + 1 == lks_kv_n_layers(kv)) break;

@@ -21,7 +21,7 @@ const char *lks_build_id(void) { return LKS_BUILD_ID; }
 
 // ---- fingerprint ----
 
-enum { FP_FIELDS = 13, FP_NAME = 24, FP_VALUE = 104 };
+enum { FP_FIELDS = 14, FP_NAME = 24, FP_VALUE = 104 };
 typedef struct {
   char name[FP_FIELDS][FP_NAME];
   char value[FP_FIELDS][FP_VALUE];
@@ -76,6 +76,7 @@ static int fp_make(fingerprint *f, const lks_settings *s, const char *dir) {
   fp_set(f, 11, "prefix-cache", lks_settings_bool(s, "prefix-cache") ? "true" : "false");
   snprintf(v, sizeof v, "%ld", lks_settings_int(s, "kv-blocks"));
   fp_set(f, 12, "kv-blocks", v);
+  fp_set(f, 13, "kv-dtype", lks_settings_str(s, "kv-dtype"));
   return 0;
 }
 
@@ -202,6 +203,18 @@ lks_world *lks_world_start(const lks_settings *s, const char *dir, int max_slots
     lks_set_error(LKS_ECONFIG, "--comm %s: expected mpi or nccl", comm);
     goto fail;
   }
+  const char *kvd = lks_settings_str(s, "kv-dtype");
+  lks_dtype kv_dtype = LKS_F32;
+  if (strcmp(kvd, "bf16") == 0) {
+    kv_dtype = LKS_BF16;
+  } else if (strcmp(kvd, "f32") != 0) {
+    lks_set_error(LKS_ECONFIG, "--kv-dtype %s: expected f32 or bf16", kvd);
+    goto fail;
+  }
+  if (cuda && kv_dtype != LKS_F32) {
+    lks_set_error(LKS_ECONFIG, "--kv-dtype %s: the cuda backend has an f32 KV cache only", kvd);
+    goto fail;
+  }
   // The start-up agreement runs over plain MPI before the chosen collectives exist: ranks that
   // disagree on the backend or the collectives would otherwise meet in mismatched NCCL calls.
   if (w->world > 1) {
@@ -224,7 +237,7 @@ lks_world *lks_world_start(const lks_settings *s, const char *dir, int max_slots
   if (!w->be) goto fail;
   double t0 = lks_clock();
   w->model = lks_model_load_shard(dir, w->be, w->comm, NULL, NULL);
-  if (!w->model) goto fail;
+  if (!w->model || lks_model_set_kv_dtype(w->model, kv_dtype) < 0) goto fail;
   cfg = lks_model_config(w->model);
   LKS_LOG(LKS_LOG_INFO, "loaded %s (%s) in %.2f s: %.1f MB of weights on this rank", dir,
           cfg->architecture, lks_clock() - t0, lks_model_loaded_bytes(w->model) / 1e6);

@@ -33,9 +33,19 @@ run(${LOCKSTEP} generate --model ${model} --prompt-ids ${prompt} -n 16 --ignore-
     --temperature 0.8 --top-k 20 --top-p 0.9 --seed 3)
 expect("rc EQUAL 0 AND out STREQUAL first" "sampling is reproducible from its seed")
 
+run(${LOCKSTEP} generate --model ${model} --prompt-ids ${prompt} -n 16 --ignore-eos --kv-dtype bf16)
+string(STRIP "${out}" got)
+expect("rc EQUAL 0 AND got STREQUAL want" "generate with a BF16 KV cache prints the reference's greedy tokens")
+run(${LOCKSTEP} generate --model ${model} --prompt-ids ${prompt} -n 2 --kv-dtype f16)
+expect("NOT rc EQUAL 0 AND err MATCHES \"--kv-dtype f16: expected f32 or bf16\"" "refuse an unknown --kv-dtype")
+
 run(${LOCKSTEP} inspect ${model})
 expect("rc EQUAL 0 AND out MATCHES \"status: ok\" AND out MATCHES \"bytes read per decoded token\""
        "inspect a good model")
+string(REGEX MATCH "[0-9.]+ [KMG]?i?B of KV cache per context position" kv_f32 "${out}")
+run(${LOCKSTEP} inspect ${model} --kv-dtype bf16)
+string(REGEX MATCH "[0-9.]+ [KMG]?i?B of KV cache per context position" kv_bf16 "${out}")
+expect("NOT kv_f32 STREQUAL kv_bf16" "inspect --kv-dtype bf16 counts half the KV bytes (${kv_f32} vs ${kv_bf16})")
 
 run(${LOCKSTEP} inspect ${model} --world 2)
 expect("rc EQUAL 0 AND out MATCHES \"rank 1: loads and holds\"" "inspect --world 2 shows each rank's bytes")

@@ -136,8 +136,8 @@ static void t_attention(void) {
     int64_t width = (int64_t)nkv * hd;
     tp K = act((int64_t)n_blocks * bs, width, width, false);
     tp V = act((int64_t)n_blocks * bs, width, width, false);
-    lks_kv_layer kc = {K.c.buf, V.c.buf, n_blocks, bs, nkv, hd};
-    lks_kv_layer kg = {K.g.buf, V.g.buf, n_blocks, bs, nkv, hd};
+    lks_kv_layer kc = {K.c.buf, V.c.buf, n_blocks, bs, nkv, hd, LKS_F32};
+    lks_kv_layer kg = {K.g.buf, V.g.buf, n_blocks, bs, nkv, hd, LKS_F32};
     // Three sequences over a shuffled block pool: 700 positions (three score chunks), 37, 1.
     int perm[64];
     for (int i = 0; i < n_blocks; i++) perm[i] = i;

@@ -272,7 +272,8 @@ static lks_attn_rows row_alone(const lks_attn_rows *r, int i) {
 void t_cache_store(void) {
   int width = 72;
   tp pool = act((int64_t)NB * BS, width, width, false);
-  lks_kv_layer kc = {pool.c.buf, NULL, NB, BS, 1, width}, kg = {pool.g.buf, NULL, NB, BS, 1, width};
+  lks_kv_layer kc = {pool.c.buf, NULL, NB, BS, 1, width, LKS_F32},
+               kg = {pool.g.buf, NULL, NB, BS, 1, width, LKS_F32};
   lks_attn_rows rows = mla_rows();
   tp x = act(NR, width, width + 5, false);
   TRY(CPU->ops->cache_store(CPU, &kc, x.c, &rows));
@@ -289,7 +290,8 @@ void t_dsa_select(void) {
     int D = ci == 2 ? 128 : 16, nh = ci == 2 ? 32 : 8, topk = ci == 2 ? 256 : 64;
     bool ties = ci == 1;
     tp keys = act((int64_t)NB * BS, D, D, false);
-    lks_kv_layer kc = {keys.c.buf, NULL, NB, BS, 1, D}, kg = {keys.g.buf, NULL, NB, BS, 1, D};
+    lks_kv_layer kc = {keys.c.buf, NULL, NB, BS, 1, D, LKS_F32},
+                 kg = {keys.g.buf, NULL, NB, BS, 1, D, LKS_F32};
     lks_attn_rows rows = mla_rows();
     if (ties) {
       float *row = malloc((size_t)D * 4);
@@ -360,7 +362,8 @@ void t_mla_attention(void) {
       int W = R + dr, topk = 40;
       bool shard = sparse;  // the weight wrapped as a column shard in one of the two
       tp C = act((int64_t)NB * BS, W, W, false);
-      lks_kv_layer kc = {C.c.buf, NULL, NB, BS, 1, W}, kg = {C.g.buf, NULL, NB, BS, 1, W};
+      lks_kv_layer kc = {C.c.buf, NULL, NB, BS, 1, W, LKS_F32},
+                   kg = {C.g.buf, NULL, NB, BS, 1, W, LKS_F32};
       lks_attn_rows rows = mla_rows();
       tp wkv = weight(cfg[ci].dt, (int64_t)nh * (dnope + dv), R, shard, 0.05f);
       tp q = act(NR, (int64_t)nh * (dnope + dr), (int64_t)nh * (dnope + dr) + 2, false);

@@ -137,10 +137,10 @@ int32_t tb_slot_of(int seq, int pos) {
 void tb_fill_cache(lks_backend *b, tb_attn_setup *a, uint64_t seed) {
   int kvd = a->n_kv * a->hd;
   size_t pool = (size_t)TB_NBLK * TB_BS * kvd;
-  a->kv = (lks_kv_layer){
-      .n_blocks = TB_NBLK, .block_size = TB_BS, .n_kv_heads = a->n_kv, .head_dim = a->hd};
-  a->kv.k = tb_upload(b, LKS_F32, 1, (int64_t)pool, NULL).buf;
-  a->kv.v = tb_upload(b, LKS_F32, 1, (int64_t)pool, NULL).buf;
+  a->kv = (lks_kv_layer){.n_blocks = TB_NBLK, .block_size = TB_BS, .n_kv_heads = a->n_kv,
+                         .head_dim = a->hd, .dtype = a->dtype};
+  a->kv.k = tb_upload(b, a->dtype, 1, (int64_t)pool, NULL).buf;
+  a->kv.v = tb_upload(b, a->dtype, 1, (int64_t)pool, NULL).buf;
   uint64_t rng = seed;
   a->Kh = tb_randv(&rng, (size_t)TB_NSEQ * TB_MAXB * TB_BS * kvd, 1.0f);
   a->Vh = tb_randv(&rng, (size_t)TB_NSEQ * TB_MAXB * TB_BS * kvd, 1.0f);
@@ -167,5 +167,11 @@ void tb_fill_cache(lks_backend *b, tb_attn_setup *a, uint64_t seed) {
     ck_assert_int_eq(b->ops->kv_store(b, &a->kv, tb_upload(b, LKS_F32, m, kvd, kb),
                                       tb_upload(b, LKS_F32, m, kvd, vb), &rows),
                      0);
+  }
+  // What a BF16 cache holds: each value rounded to nearest even (the reference's inputs).
+  size_t all = (size_t)TB_NSEQ * TB_MAXB * TB_BS * kvd;
+  for (size_t i = 0; a->dtype == LKS_BF16 && i < all; i++) {
+    a->Kh[i] = tb_bf16_val(lks_f32_to_bf16(a->Kh[i]));
+    a->Vh[i] = tb_bf16_val(lks_f32_to_bf16(a->Vh[i]));
   }
 }

@@ -50,7 +50,10 @@ extern const int tb_seq_len[TB_NSEQ];
 typedef struct {
   lks_kv_layer kv;
   int n_heads, n_kv, hd;
-  float *Kh, *Vh;  // [TB_NSEQ, TB_MAXB * TB_BS, n_kv * hd]: what was stored at (seq, pos)
+  lks_dtype dtype;  // of the pools: LKS_F32 (0) or LKS_BF16
+  // [TB_NSEQ, TB_MAXB * TB_BS, n_kv * hd]: what was stored at (seq, pos), as the values the
+  // pools hold (rounded to BF16 for a BF16 cache, after kv_store has rounded its own inputs)
+  float *Kh, *Vh;
 } tb_attn_setup;
 
 // The cache slot of (seq, pos).

@@ -603,21 +603,37 @@ static const int32_t att_seq[ATT_N] = {0, 1, 0, 1, 0, 1};
 static const int32_t att_pos[ATT_N] = {13, 2, 0, 10, 6, 5};
 
 static const int gqa[][2] = {{4, 2}, {2, 2}, {4, 1}, {6, 3}};
+enum { N_GQA = sizeof gqa / sizeof gqa[0] };
 
+// Each GQA shape with an F32 and a BF16 cache (_i / N_GQA). A BF16 cache holds each value
+// rounded to nearest even, and the reference takes those values: the attention over them is
+// then f32 arithmetic on exact inputs, with the F32 case's bound.
 START_TEST(test_kv_store_attention) {
-  tb_attn_setup a = {.n_heads = gqa[_i][0], .n_kv = gqa[_i][1], .hd = 20};
+  int g = _i % N_GQA;
+  tb_attn_setup a = {.n_heads = gqa[g][0], .n_kv = gqa[g][1], .hd = 20,
+                     .dtype = _i < N_GQA ? LKS_F32 : LKS_BF16};
   tb_fill_cache(be, &a, 900 + (uint64_t)_i);
   int kvd = a.n_kv * a.hd, qd = a.n_heads * a.hd;
   // The pools hold each (seq, pos) at the slot its block table gives.
-  size_t pool = (size_t)TB_NBLK * TB_BS * kvd;
-  float *kc = TB_NEW(float, pool), *vc = TB_NEW(float, pool);
-  ck_assert_int_eq(be->ops->to_host(be, kc, a.kv.k, 0, pool * sizeof(float)), 0);
-  ck_assert_int_eq(be->ops->to_host(be, vc, a.kv.v, 0, pool * sizeof(float)), 0);
+  size_t pool = (size_t)TB_NBLK * TB_BS * kvd, es = lks_dtype_size(a.dtype);
+  char *kc = TB_NEW(char, pool * es), *vc = TB_NEW(char, pool * es);
+  ck_assert_int_eq(be->ops->to_host(be, kc, a.kv.k, 0, pool * es), 0);
+  ck_assert_int_eq(be->ops->to_host(be, vc, a.kv.v, 0, pool * es), 0);
   for (int s = 0; s < TB_NSEQ; s++)
     for (int p = 0; p < tb_seq_len[s]; p++) {
       size_t at = (size_t)tb_slot_of(s, p) * kvd, src = (size_t)(s * TB_MAXB * TB_BS + p) * kvd;
-      ck_assert_mem_eq(kc + at, a.Kh + src, (size_t)kvd * sizeof(float));
-      ck_assert_mem_eq(vc + at, a.Vh + src, (size_t)kvd * sizeof(float));
+      for (int i = 0; i < kvd; i++) {
+        float kg, vg;
+        if (es == 2) {
+          kg = tb_bf16_val(((uint16_t *)kc)[at + i]);
+          vg = tb_bf16_val(((uint16_t *)vc)[at + i]);
+        } else {
+          kg = ((float *)kc)[at + i];
+          vg = ((float *)vc)[at + i];
+        }
+        ck_assert_float_eq(kg, a.Kh[src + i]);
+        ck_assert_float_eq(vg, a.Vh[src + i]);
+      }
     }
 
   uint64_t rng = 4242 + (uint64_t)_i;
@@ -1069,7 +1085,7 @@ static Suite *backend_suite(void) {
   suite_add_tcase(s, tc);
 
   tc = tcase("attention", 60);
-  tcase_add_loop_test(tc, test_kv_store_attention, 0, (int)(sizeof gqa / sizeof gqa[0]));
+  tcase_add_loop_test(tc, test_kv_store_attention, 0, 2 * N_GQA);
   tcase_add_test(tc, test_kv_slot_errors);
   suite_add_tcase(s, tc);
 

@@ -349,11 +349,11 @@ START_TEST(test_batch_invariance_rowwise) {
   const lks_route_params rp[] = {{160, 8, 1, 1, true, 2.5f}, {64, 6, 8, 3, false, 1.0f}};
   for (int pi = 0; pi < 2; pi++)
     for (int ni = 0; ni < BI_NROWS; ni++) bi_route_case(b, &rp[pi], pi, ni);
-  // Attention: head sizes 48 and 80, batches of rows at random (sequence, position), each row
-  // against itself alone.
-  static const int hds[] = {48, 80};
-  for (int hi = 0; hi < 2; hi++) {
-    tb_attn_setup a = {.n_heads = 4, .n_kv = 2, .hd = hds[hi]};
+  // Attention: head sizes 48 and 80, F32 and BF16 caches, batches of rows at random (sequence,
+  // position), each row against itself alone.
+  static const int hds[] = {48, 80, 48, 80};
+  for (int hi = 0; hi < 4; hi++) {
+    tb_attn_setup a = {.n_heads = 4, .n_kv = 2, .hd = hds[hi], .dtype = hi < 2 ? LKS_F32 : LKS_BF16};
     tb_fill_cache(b, &a, 8000 + (uint64_t)hi);
     for (int ni = 0; ni < BI_NROWS; ni++) bi_attention_case(b, _i, &a, hi, ni);
   }

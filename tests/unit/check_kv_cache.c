@@ -24,7 +24,7 @@ static void setup(void) {
   lks_log_set_level(LKS_LOG_WARN);
   be = lks_backend_new("cpu", 1);
   ck_assert_ptr_nonnull(be);
-  kv = lks_kv_new(be, LAYERS, KVH, HD, BS, NBLK, SEQS, MAXLEN);
+  kv = lks_kv_new(be, LAYERS, KVH, HD, LKS_F32, BS, NBLK, SEQS, MAXLEN);
   ck_assert_ptr_nonnull(kv);
 }
 
@@ -193,7 +193,7 @@ static void script(lks_kv_cache *c, int32_t *slots_out) {
 }
 
 START_TEST(test_determinism) {
-  lks_kv_cache *other = lks_kv_new(be, 1, KVH, HD, BS, NBLK, SEQS, MAXLEN);
+  lks_kv_cache *other = lks_kv_new(be, 1, KVH, HD, LKS_F32, BS, NBLK, SEQS, MAXLEN);
   ck_assert_ptr_nonnull(other);
   int32_t s1[25], s2[25];
   script(kv, s1);
@@ -201,7 +201,7 @@ START_TEST(test_determinism) {
   lks_kv_free(other);
   ck_assert_mem_eq(s1, s2, sizeof s1);
   // Block 0 is handed out first, then 1, ...: the first sequence's first slot is 0.
-  lks_kv_cache *fresh = lks_kv_new(be, 1, KVH, HD, BS, NBLK, SEQS, MAXLEN);
+  lks_kv_cache *fresh = lks_kv_new(be, 1, KVH, HD, LKS_F32, BS, NBLK, SEQS, MAXLEN);
   ck_assert_ptr_nonnull(fresh);
   int f = lks_kv_seq_alloc(fresh);
   ck_assert_int_eq(lks_kv_seq_resize(fresh, f, 2 * BS), 0);
