@@ -198,6 +198,9 @@ INLINE AVX2 void blk_avx2(const void *w, int64_t ldw, const float *x, int64_t ld
     __m256 xv[4];
 #pragma GCC unroll 4
     for (int j = 0; j < RX; j++) xv[j] = ld8_f32(x + j * ldx + k);
+    if (RX == 1 && bf16 && (k & 31) == 0)  // the next block's line, as in blk_avx512
+#pragma GCC unroll 8
+      for (int i = 0; i < RW; i++) __builtin_prefetch((const uint16_t *)w + (i + RW) * ldw + k);
 #pragma GCC unroll 8
     for (int i = 0; i < RW; i++) {
       __m256 wv = bf16 ? ld8_bf16((const uint16_t *)w + i * ldw + k)
@@ -258,6 +261,13 @@ INLINE AVX512 void blk_avx512(const void *w, int64_t ldw, const float *x, int64_
     __m512 xv[4];
 #pragma GCC unroll 4
     for (int j = 0; j < RX; j++) xv[j] = _mm512_loadu_ps(x + j * ldx + k);
+    // Decode streams the weights once: the same line of the next block's rows is fetched now
+    // (once per 64-byte line of BF16), so a block starts on cached lines (at K = 1024 and two
+    // threads, 17 -> 27 GB/s in a test of the bare loop). A hint: no fault past the end.
+    if (RX == 1 && bf16 && (k & 31) == 0)
+#pragma GCC unroll 8
+      for (int i = 0; i < RW; i++)
+        _mm_prefetch((const char *)((const uint16_t *)w + (i + RW) * ldw + k), _MM_HINT_T0);
 #pragma GCC unroll 8
     for (int i = 0; i < RW; i++) {
       __m512 wv = bf16 ? ld16_bf16_bits(_mm256_loadu_si256(
@@ -400,6 +410,9 @@ INLINE void blk_neon(const void *w, int64_t ldw, const float *x, int64_t ldx, in
     f32x8 xv[4];
 #pragma GCC unroll 4
     for (int j = 0; j < RX; j++) xv[j] = ld8_f32_neon(x + j * ldx + k);
+    if (RX == 1 && bf16 && (k & 31) == 0)  // the next block's line, as in blk_avx512
+#pragma GCC unroll 8
+      for (int i = 0; i < RW; i++) __builtin_prefetch((const uint16_t *)w + (i + RW) * ldw + k);
 #pragma GCC unroll 8
     for (int i = 0; i < RW; i++) {
       f32x8 wv = bf16 ? ld8_bf16_neon((const uint16_t *)w + i * ldw + k)
