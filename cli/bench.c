@@ -163,8 +163,9 @@ static int parse_list(const char *text, const char *name, int lo, int hi, int *v
     char *end;
     long x = strtol(p, &end, 10);
     if (end == p || (*end && *end != ',') || x < lo || x > hi || n == cap)
-      return lks_set_error(LKS_EINVAL, "--%s: '%s' is not a list of at most %d integers in [%d, %d]",
-                           name, text, cap, lo, hi);
+      return lks_set_error(LKS_EINVAL,
+                           "--%s: '%s' is not a list of at most %d integers in [%d, %d]", name,
+                           text, cap, lo, hi);
     v[n++] = (int)x;
     p = *end ? end + 1 : end;
   }
@@ -275,8 +276,10 @@ static int bench_batch(lks_world *w, const lks_sched_opts *o, int n, int n_pre, 
     p.seed = (uint64_t)i + 1;
     p.sampling = sampled ? (lks_sampling){1.0f, 0, 0.95f} : (lks_sampling){0, 0, 1};
     int err;
-    if (!(req[i] = lks_sched_submit(sched, &p, &err))) rc = lks_set_error(err, "the scheduler refused a request");
-    else submitted++;
+    if (!(req[i] = lks_sched_submit(sched, &p, &err)))
+      rc = lks_set_error(err, "the scheduler refused a request");
+    else
+      submitted++;
   }
   for (bool done = false; rc >= 0 && !done;) {
     done = true;
@@ -476,7 +479,8 @@ int lks_cmd_bench(lks_settings *s) {
          bw > 0 ? bytes_tok * dec_tps / bw : 0.0);
   // Matrix FLOPs a prompt token costs this rank: 2 per active weight, less the embedding (a
   // lookup) and the lm_head (the last position only), split over the ranks; attention not counted.
-  double mm_params = (double)st.params_active - (double)c->vocab * c->hidden * (c->tie_embeddings ? 1 : 2);
+  double mm_params =
+      (double)st.params_active - (double)c->vocab * c->hidden * (c->tie_embeddings ? 1 : 2);
   double flop_tok = 2.0 * mm_params / w->world;
   printf("BF16 matrix rate (measured, %d threads, operands in cache): %.1f GFLOP/s\n", threads,
          mrate / 1e9);

@@ -311,7 +311,9 @@ AVX512 static float dot_f32_avx512(const float *w, const float *x, int64_t n) {
   return o;
 }
 
-INLINE AVX2 __m256 pv_ld8(const float *p, int r) { return r == 8 ? ld8_f32(p) : ld8_f32_tail(p, r); }
+INLINE AVX2 __m256 pv_ld8(const float *p, int r) {
+  return r == 8 ? ld8_f32(p) : ld8_f32_tail(p, r);
+}
 INLINE AVX2 void pv_st8(float *p, __m256 v, int r) {
   if (r == 8) {
     _mm256_storeu_ps(p, v);
@@ -469,7 +471,9 @@ INLINE void pv_st4(float *p, float32x4_t v, int r) {
     memcpy(p, b, (size_t)r * sizeof *b);
   }
 }
-INLINE float32x4_t pv_fma4(float32x4_t a, float32x4_t b, float32x4_t acc) { return vfmaq_f32(acc, a, b); }
+INLINE float32x4_t pv_fma4(float32x4_t a, float32x4_t b, float32x4_t acc) {
+  return vfmaq_f32(acc, a, b);
+}
 #define NEON_ATTR
 INLINE float32x4_t pv_ld4_bf16(const uint16_t *p, int r) {
   uint16_t b[4] = {0};

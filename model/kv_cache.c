@@ -26,7 +26,8 @@ struct lks_kv_cache {
 static lks_kv_cache *kv_new(lks_backend *be, int n_layers, int n_kv_heads, int head_dim,
                             const int *width, lks_dtype dtype, int block_size, int n_blocks,
                             int max_seqs, int max_seq_len) {
-  if ((dtype != LKS_F32 && dtype != LKS_BF16) || (dtype == LKS_BF16 && (n_kv_heads * head_dim) % 2)) {
+  bool odd = dtype == LKS_BF16 && (n_kv_heads * head_dim) % 2;
+  if ((dtype != LKS_F32 && dtype != LKS_BF16) || odd) {
     lks_set_error(LKS_EUNSUPPORTED, "KV cache: %s elements of %d a row are not supported (F32, or "
                   "BF16 with an even row)", lks_dtype_name(dtype), n_kv_heads * head_dim);
     return NULL;

@@ -132,7 +132,7 @@ typedef struct lks_model_stats {
   int64_t params_active;      // per target token: all but the unselected routed experts
   int64_t bytes_per_token;    // weight bytes one decode step reads (target, one row of embed)
   int64_t bytes_mtp_step;     // weight bytes one MTP draft step reads
-  int64_t kv_bytes_per_pos;   // KV cache bytes per position over all target layers (of the KV dtype)
+  int64_t kv_bytes_per_pos;   // KV cache bytes per position over all target layers (its dtype)
   int64_t weight_bytes;       // bytes of all weights
   int64_t bytes_per_token_fmt[LKS_N_WFMT];  // bytes_per_token by weight format
   unsigned group_fmts[LKS_N_WG];            // per group of weights: bit f set if format f is used

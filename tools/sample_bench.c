@@ -231,7 +231,8 @@ int main(int argc, char **argv) {
   static const struct {
     const char *name;
     lks_sampling p;
-  } flat_cases[] = {{"flat T=1 top_p=0.95", {1.0f, 0, 0.95f}}, {"flat T=1 top_p=0.5", {1.0f, 0, 0.5f}}};
+  } flat_cases[] = {{"flat T=1 top_p=0.95", {1.0f, 0, 0.95f}},
+                    {"flat T=1 top_p=0.5", {1.0f, 0, 0.5f}}};
   for (size_t c = 0; c < sizeof flat_cases / sizeof flat_cases[0]; c++) {
     double b = ms_per_token(before_sample, flat, ROWS, V, &flat_cases[c].p, 8, repeats, &check);
     double a = ms_per_token(lks_sample, flat, ROWS, V, &flat_cases[c].p, 64, repeats, &check);

@@ -353,7 +353,8 @@ START_TEST(test_batch_invariance_rowwise) {
   // position), each row against itself alone.
   static const int hds[] = {48, 80, 48, 80};
   for (int hi = 0; hi < 4; hi++) {
-    tb_attn_setup a = {.n_heads = 4, .n_kv = 2, .hd = hds[hi], .dtype = hi < 2 ? LKS_F32 : LKS_BF16};
+    tb_attn_setup a = {
+        .n_heads = 4, .n_kv = 2, .hd = hds[hi], .dtype = hi < 2 ? LKS_F32 : LKS_BF16};
     tb_fill_cache(b, &a, 8000 + (uint64_t)hi);
     for (int ni = 0; ni < BI_NROWS; ni++) bi_attention_case(b, _i, &a, hi, ni);
   }
