@@ -489,7 +489,7 @@ int lks_cmd_bench(lks_settings *s) {
   double pre_rate[MAX_LIST] = {0};
   for (int li = 0; li < n_lens; li++) {
     int L = lens[li];
-    int32_t *pt = malloc((size_t)(L + 1) * sizeof *pt);
+    int32_t *pt = malloc((size_t)L * sizeof *pt);
     double *tl = malloc((size_t)reps * sizeof *tl);
     if (!pt || !tl) {
       free(pt), free(tl);

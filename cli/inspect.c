@@ -28,6 +28,11 @@ static void human(double bytes, char *out, size_t n) {
 }
 
 int lks_cmd_inspect(lks_settings *s, const char *dir) {
+  lks_dtype kvd;  // the KV figures are for --kv-dtype
+  if (lks_model_kv_dtype_parse(lks_settings_str(s, "kv-dtype"), &kvd) < 0) {
+    fprintf(stderr, "lockstep inspect: %s\n", lks_last_error());
+    return 2;
+  }
   lks_backend *be = lks_backend_new("cpu", 1);
   if (!be) {
     fprintf(stderr, "lockstep inspect: %s\n", lks_last_error());
@@ -63,8 +68,6 @@ int lks_cmd_inspect(lks_settings *s, const char *dir) {
     printf("\n");
   }
   lks_model *m = lks_model_load(dir, be, report, &p);
-  // The KV figures for --kv-dtype (f32 unless bf16).
-  lks_dtype kvd = strcmp(lks_settings_str(s, "kv-dtype"), "bf16") == 0 ? LKS_BF16 : LKS_F32;
   if (m) lks_model_set_kv_dtype(m, kvd);
   if (m) {
     lks_model_stats st;

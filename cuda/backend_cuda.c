@@ -335,8 +335,7 @@ static int cu_kv_store(lks_backend *be, const lks_kv_layer *kv, lks_tensor k, lk
   cuda_backend *c = (cuda_backend *)be;
   LKS_TRY(lks_attn_rows_check(kv, rows));
   if (kv->dtype != LKS_F32)
-    return lks_set_error(LKS_EUNSUPPORTED,
-                         "cuda: a %s KV cache is not implemented (--kv-dtype f32)",
+    return lks_set_error(LKS_EUNSUPPORTED, "cuda: the KV cache is f32 on this backend, not %s",
                          lks_dtype_name(kv->dtype));
   if (rows->n <= 0) return 0;
   void *d_slot;
@@ -379,8 +378,7 @@ static int cu_attention(lks_backend *be, lks_tensor out, lks_tensor q, const lks
   cuda_backend *c = (cuda_backend *)be;
   LKS_TRY(lks_attn_rows_check(kv, rows));
   if (kv->dtype != LKS_F32)
-    return lks_set_error(LKS_EUNSUPPORTED,
-                         "cuda: a %s KV cache is not implemented (--kv-dtype f32)",
+    return lks_set_error(LKS_EUNSUPPORTED, "cuda: the KV cache is f32 on this backend, not %s",
                          lks_dtype_name(kv->dtype));
   if (rows->n <= 0) return 0;
   if (n_heads % kv->n_kv_heads != 0)

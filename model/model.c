@@ -521,12 +521,20 @@ void lks_model_shard_rank(const lks_model *m, int *rank, int *world) {
   *world = m->sh.world;
 }
 
+int lks_model_kv_dtype_parse(const char *name, lks_dtype *t) {
+  if (strcmp(name, "f32") == 0) *t = LKS_F32;
+  else if (strcmp(name, "bf16") == 0) *t = LKS_BF16;
+  else return lks_set_error(LKS_ECONFIG, "--kv-dtype %s: expected f32 or bf16", name);
+  return 0;
+}
+
 int lks_model_set_kv_dtype(lks_model *m, lks_dtype t) {
   if (t != LKS_F32 && t != LKS_BF16)
     return lks_set_error(LKS_EINVAL, "KV cache: %s is not a KV cache type (f32 or bf16)",
                          lks_dtype_name(t));
   if (m->mla && t != LKS_F32) {
-    LKS_LOG(LKS_LOG_WARN, "KV cache: glm_moe_dsa's latent cache stays f32 (bf16 not implemented)");
+    LKS_LOG(LKS_LOG_WARN, "KV cache: glm_moe_dsa's latent cache is f32 (--kv-dtype applies to "
+                          "GQA caches)");
     return 0;
   }
   m->kv_dtype = t;

@@ -60,6 +60,8 @@ lks_backend *lks_model_backend(const lks_model *m);
 // memory and the bytes attention reads, each K and V value rounded to nearest even). Refuses
 // others; glm_moe_dsa's latent cache stays F32 (logged).
 int lks_model_set_kv_dtype(lks_model *m, lks_dtype t);
+// The type --kv-dtype names ("f32" or "bf16"), or LKS_ECONFIG naming the option.
+int lks_model_kv_dtype_parse(const char *name, lks_dtype *t);
 // A KV cache shaped for the target layers (or the MTP layer).
 lks_kv_cache *lks_model_kv_new(const lks_model *m, bool mtp, int block_size, int n_blocks,
                                int max_seqs, int max_seq_len);

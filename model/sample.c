@@ -227,6 +227,13 @@ enum { SUB_BINS = 1024, SORT_AT_MOST = 256, REFINE_LEVELS = 3 };
 // search goes on in that sub-bin alone. Returns how many were taken; edge[taken, taken + *ne)
 // is what is left, for the caller to sort. A sub-bin keeps the tokens of one key range, so what
 // is taken is what a full sort would take first, ties included (equal logits share a sub-bin).
+// The sub-bin of c among SUB_BINS of the key range [lo, lo + SUB_BINS / scale).
+static inline int sub_bin(cand c, float mx, float inv_t, double lo, double scale) {
+  double d = (double)((mx - c.l) * inv_t * BINS_PER_UNIT);
+  int b = (int)((d - lo) * scale);
+  return b < 0 ? 0 : b >= SUB_BINS ? SUB_BINS - 1 : b;
+}
+
 static int refine_edge(cand *edge, int *ne, float mx, float inv_t, const float *w, double sum,
                        double top_p, int cut, double *acc) {
   double lo = cut, width = 1;
@@ -239,9 +246,7 @@ static int refine_edge(cand *edge, int *ne, float mx, float inv_t, const float *
     memset(mass, 0, sizeof mass);
     memset(count, 0, sizeof count);
     for (int j = 0; j < n; j++) {
-      double d = (double)((mx - e[j].l) * inv_t * BINS_PER_UNIT);
-      int b = (int)((d - lo) * scale);
-      b = b < 0 ? 0 : b >= SUB_BINS ? SUB_BINS - 1 : b;
+      int b = sub_bin(e[j], mx, inv_t, lo, scale);
       mass[b] += w[e[j].i];
       count[b]++;
     }
@@ -260,9 +265,7 @@ static int refine_edge(cand *edge, int *ne, float mx, float inv_t, const float *
     int f = 0;
     for (int pass = 0; pass < 2; pass++)
       for (int j = f; j < n; j++) {
-        double d = (double)((mx - e[j].l) * inv_t * BINS_PER_UNIT);
-        int b = (int)((d - lo) * scale);
-        b = b < 0 ? 0 : b >= SUB_BINS ? SUB_BINS - 1 : b;
+        int b = sub_bin(e[j], mx, inv_t, lo, scale);
         if (pass == 0 ? b < c2 : b == c2) {
           cand t = e[f];
           e[f++] = e[j];
@@ -284,31 +287,26 @@ static int refine_edge(cand *edge, int *ne, float mx, float inv_t, const float *
 // of memory.
 static int nucleus_by_bins(const float *l, int V, float mx, float inv_t, const float *w, double sum,
                            double top_p, cand **out) {
-  double *mass = calloc(BINS, sizeof *mass);
+  double *mass = calloc(4 * BINS, sizeof *mass);  // four histograms (below), then one
   int *count = calloc(BINS, sizeof *count);
   uint16_t *bins = malloc((size_t)V * sizeof *bins);
   cand *c = NULL;
   if (!mass || !count || !bins) goto oom;
   bin_all(l, V, mx, inv_t, bins);
-  {
-    // Four interleaved histograms, so that tokens of one bin in a row (all of them, for flat
-    // logits) do not wait on each other's sums; added in a fixed order.
-    double *m4 = calloc(4 * BINS, sizeof *m4);
-    if (!m4) goto oom;
-    int i = 0;
-    for (; i + 4 <= V; i += 4)
-      for (int j = 0; j < 4; j++) {
-        m4[j * BINS + bins[i + j]] += w[i + j];
-        count[bins[i + j]]++;
-      }
-    for (; i < V; i++) {
-      m4[bins[i]] += w[i];
-      count[bins[i]]++;
+  // mass holds four interleaved histograms, so that tokens of one bin in a row (all of them,
+  // for flat logits) do not wait on each other's sums; added into the first in a fixed order.
+  int i4 = 0;
+  for (; i4 + 4 <= V; i4 += 4)
+    for (int j = 0; j < 4; j++) {
+      mass[j * BINS + bins[i4 + j]] += w[i4 + j];
+      count[bins[i4 + j]]++;
     }
-    for (int b = 0; b < BINS; b++)
-      mass[b] = (m4[b] + m4[BINS + b]) + (m4[2 * BINS + b] + m4[3 * BINS + b]);
-    free(m4);
+  for (; i4 < V; i4++) {
+    mass[bins[i4]] += w[i4];
+    count[bins[i4]]++;
   }
+  for (int b = 0; b < BINS; b++)
+    mass[b] = (mass[b] + mass[BINS + b]) + (mass[2 * BINS + b] + mass[3 * BINS + b]);
   double acc = 0;
   int cut = 0, n = 0;
   for (; cut < BINS - 1; cut++) {

@@ -204,13 +204,8 @@ lks_world *lks_world_start(const lks_settings *s, const char *dir, int max_slots
     goto fail;
   }
   const char *kvd = lks_settings_str(s, "kv-dtype");
-  lks_dtype kv_dtype = LKS_F32;
-  if (strcmp(kvd, "bf16") == 0) {
-    kv_dtype = LKS_BF16;
-  } else if (strcmp(kvd, "f32") != 0) {
-    lks_set_error(LKS_ECONFIG, "--kv-dtype %s: expected f32 or bf16", kvd);
-    goto fail;
-  }
+  lks_dtype kv_dtype;
+  if (lks_model_kv_dtype_parse(kvd, &kv_dtype) < 0) goto fail;
   if (cuda && kv_dtype != LKS_F32) {
     lks_set_error(LKS_ECONFIG, "--kv-dtype %s: the cuda backend has an f32 KV cache only", kvd);
     goto fail;
