@@ -210,34 +210,54 @@ static void bench_token(void *ctx, int32_t tok, bool eos) {
   }
 }
 
-// One sequence of n_gen tokens after the prompt, through a scheduler made with options o; its
-// speculation statistics into *st when st is set.
-static int bench_run(lks_world *w, const lks_sched_opts *o, const int32_t *tok, int n_pre,
-                     int n_gen, bench_clock *c, lks_spec_stats *st) {
+// The counters of b less those of a (b after a, the same scheduler).
+static lks_spec_stats spec_stats_since(const lks_spec_stats *a, const lks_spec_stats *b) {
+  lks_spec_stats d = *b;
+  for (int i = 0; i < LKS_MAX_DRAFTS; i++) {
+    d.proposed[i] -= a->proposed[i];
+    d.accepted[i] -= a->accepted[i];
+  }
+  for (int i = 0; i <= LKS_MAX_DRAFTS; i++) d.k_rows[i] -= a->k_rows[i];
+  d.rounds -= a->rounds, d.plain_steps -= a->plain_steps;
+  d.target_forwards -= a->target_forwards, d.emitted -= a->emitted;
+  d.t_spec -= a->t_spec, d.t_plain -= a->t_plain, d.t_propose -= a->t_propose;
+  d.tok_spec -= a->tok_spec, d.tok_plain -= a->tok_plain, d.spec_steps -= a->spec_steps;
+  return d;
+}
+
+// One sequence of n_gen tokens after the prompt through scheduler `sched` (which may have run
+// others before, as a server's does); that sequence's speculation statistics into *st when set.
+static int bench_run_in(lks_world *w, lks_sched *sched, const int32_t *tok, int n_pre, int n_gen,
+                        bench_clock *c, lks_spec_stats *st) {
   // Every run prefills its whole prompt: nothing from the prefix cache.
   Lockstep__Command clear = LOCKSTEP__COMMAND__INIT;
   clear.type = LOCKSTEP__CMD_TYPE__EP_CMD_CLEAR_CACHE;
   LKS_TRY(lks_world_submit(w, &clear, NULL));
-  lks_sched *sched = lks_sched_new(w, NULL, o);
-  if (!sched) return -1;
   lks_req_params p = {0};
   p.prompt = malloc((size_t)n_pre * sizeof *p.prompt);
-  if (!p.prompt) {
-    lks_sched_free(sched);
-    return lks_set_error(LKS_ENOMEM, "out of memory");
-  }
+  if (!p.prompt) return lks_set_error(LKS_ENOMEM, "out of memory");
   memcpy(p.prompt, tok, (size_t)n_pre * sizeof *tok);
   p.n_prompt = n_pre;
   p.max_tokens = n_gen;
   p.ignore_eos = true;
   p.on_token = bench_token;
   p.on_token_ctx = c;
+  lks_sched_stats before, after;
+  lks_sched_stats_get(sched, &before);
   int rc = lks_sched_run_one(sched, &p);
   if (rc == 0 && st) {
-    lks_sched_stats ss;
-    lks_sched_stats_get(sched, &ss);
-    *st = ss.spec;
+    lks_sched_stats_get(sched, &after);
+    *st = spec_stats_since(&before.spec, &after.spec);
   }
+  return rc;
+}
+
+// The same through a new scheduler made with options o (a server's first request).
+static int bench_run(lks_world *w, const lks_sched_opts *o, const int32_t *tok, int n_pre,
+                     int n_gen, bench_clock *c, lks_spec_stats *st) {
+  lks_sched *sched = lks_sched_new(w, NULL, o);
+  if (!sched) return -1;
+  int rc = bench_run_in(w, sched, tok, n_pre, n_gen, c, st);
   lks_sched_free(sched);
   return rc;
 }
@@ -304,16 +324,24 @@ static double decode_rate(const lks_spec_stats *st) {
   return t > 0 ? (double)(st->tok_spec + st->tok_plain) / t : 0;
 }
 
-// Median times of n_dec tokens after the prompt without speculation and with proposer `spec`
-// (prefill included), and the medians of the decode rates and of their ratio, run by run.
+// n_dec tokens after the prompt without speculation (a new scheduler each run) and with proposer
+// `spec`, every run of it through one scheduler as a server's requests are: its first run meets
+// a new policy (cold: it explores the costs), the later ones the policy the earlier runs left
+// (warm). Medians of the times (prefill included), of the decode rates and of their ratio, run
+// by run; the ratio of the cold run alone. *sst: the last run's statistics.
 typedef struct {
-  double t_plain, t_spec, rate_plain, rate_spec, ratio;
+  double t_plain, t_spec, rate_plain, rate_spec, ratio, ratio_cold;
+  int n_warm;
 } spec_medians;
 static int bench_spec(lks_world *w, lks_sched_opts *so, const char *spec, const int32_t *tok,
                       int n_pre, int n_dec, int reps, spec_medians *md, lks_spec_stats *sst) {
   double *v = malloc((size_t)reps * 5 * sizeof *v);
   double *a = v, *b = v + reps, *rp = v + 2 * reps, *rs = v + 3 * reps, *ra = v + 4 * reps;
   int rc = v ? 0 : lks_set_error(LKS_ENOMEM, "out of memory");
+  lks_sched_opts sp = *so;
+  snprintf(sp.spec, sizeof sp.spec, "%s", spec);
+  lks_sched *srv = rc == 0 ? lks_sched_new(w, NULL, &sp) : NULL;
+  if (rc == 0 && !srv) rc = -1;
   for (int r = 0; rc == 0 && r < reps; r++) {
     bench_clock bc = {w, 0, 0, 0, 0, 0, 0};
     lks_spec_stats pst;
@@ -322,15 +350,20 @@ static int bench_spec(lks_world *w, lks_sched_opts *so, const char *spec, const 
     rc = bench_run(w, so, tok, n_pre, n_dec, &bc, &pst);
     a[r] = lks_now() - t0;
     t0 = lks_now();
-    snprintf(so->spec, sizeof so->spec, "%s", spec);
-    if (rc == 0) rc = bench_run(w, so, tok, n_pre, n_dec, &bc, sst);
+    if (rc == 0) rc = bench_run_in(w, srv, tok, n_pre, n_dec, &bc, sst);
     b[r] = lks_now() - t0;
     rp[r] = decode_rate(&pst);
     rs[r] = rc == 0 ? decode_rate(sst) : 0;
     ra[r] = rp[r] > 0 ? rs[r] / rp[r] : 0;
   }
-  if (rc == 0) *md = (spec_medians){median(a, reps), median(b, reps), median(rp, reps),
-                                    median(rs, reps), median(ra, reps)};
+  snprintf(so->spec, sizeof so->spec, "%s", spec);
+  lks_sched_free(srv);
+  // The warm runs (all of them when there is only one).
+  int w0 = reps > 1 ? 1 : 0;
+  if (rc == 0)
+    *md = (spec_medians){median(a + w0, reps - w0), median(b + w0, reps - w0),
+                         median(rp + w0, reps - w0), median(rs + w0, reps - w0),
+                         median(ra + w0, reps - w0), ra[0], reps - w0};
   free(v);
   return rc;
 }
@@ -554,10 +587,11 @@ int lks_cmd_bench(lks_settings *s) {
     // roofline's best K (plain decoding, x1, when no K pays).
     uint64_t rows = 0;
     for (int i = 0; i <= sst.k_max; i++) rows += sst.k_rows[i];
-    printf("%s: decode %.2f tokens/s vs %.2f plain (x%.3f, median of %d runs' ratios); roofline: "
-           "x%.3f at K=%d; achieved fraction %.3f; K per decode row:",
-           so.gate ? "policy" : "fixed K", md.rate_spec, md.rate_plain, md.ratio, reps, roof,
-           roof_k, md.ratio / roof);
+    printf("%s: decode %.2f tokens/s vs %.2f plain (x%.3f, median of %d warm runs' ratios; the "
+           "cold first run x%.3f); roofline: x%.3f at K=%d; achieved fraction %.3f (cold %.3f); K "
+           "per decode row (last run):",
+           so.gate ? "policy" : "fixed K", md.rate_spec, md.rate_plain, md.ratio, md.n_warm,
+           md.ratio_cold, roof, roof_k, md.ratio / roof, md.ratio_cold / roof);
     for (int i = 0; i <= sst.k_max; i++)
       printf(" %d: %.0f%%", i, rows ? 100.0 * (double)sst.k_rows[i] / (double)rows : 0.0);
     printf("\n");

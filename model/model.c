@@ -85,6 +85,7 @@ struct lks_model {
   float *route_w, *exp_w;
   int route_cap;
   int32_t *slots;
+  int32_t *sub;  // [4 * cap]: lks_model_mtp's output rows' sequences, positions, cache slots; 0, 1, ..
   // A DFlash drafter's capture: the outputs of layers cap_layer[0 .. n_cap) of every row.
   lks_dflash *dflash;
   int n_cap, cap_at[LKS_DFLASH_MAX_CAPTURE];
@@ -509,6 +510,7 @@ void lks_model_free(lks_model *m) {
   free(m->exp_count);
   free(m->exp_calls);
   free(m->slots);
+  free(m->sub);
   free(m->gather_buf);
   free(m);
 }
@@ -584,9 +586,11 @@ static int reserve(lks_model *m, int n) {
   if (ew) m->exp_w = ew;
   int32_t *slots = realloc(m->slots, N * sizeof *slots);
   if (slots) m->slots = slots;
+  int32_t *sub = realloc(m->sub, 4 * N * sizeof *sub);
+  if (sub) m->sub = sub;
   if (!m->exp_count) m->exp_count = calloc((size_t)c->n_experts + 1, sizeof *m->exp_count);
   if (!m->exp_calls) m->exp_calls = calloc((size_t)c->n_experts + 1, sizeof *m->exp_calls);
-  if (!ids || !w || !rows || !ew || !slots || !m->exp_count || !m->exp_calls)
+  if (!ids || !w || !rows || !ew || !slots || !sub || !m->exp_count || !m->exp_calls)
     return lks_set_error(LKS_ENOMEM, "cannot allocate routing for %d rows", n);
   m->a.cap = n;
   return 0;
@@ -693,6 +697,28 @@ static int gqa_attention(lks_model *m, const layer_w *L, lks_tensor x, lks_tenso
   lks_tensor none = {0};
   LKS_TRY(lks_model_partial_start(m, x));
   return be->ops->matmul(be, x, att, L->wo, none, true);
+}
+
+// The K and V rows that GQA attention stores for the n rows of x [n, H], this rank's KV heads,
+// without the attention itself: exactly what gqa_attention stores for them (the same ops on the
+// same rows; every kernel's row is independent of its batch).
+static int gqa_kv_rows(lks_model *m, const layer_w *L, const lks_kv_layer *kv,
+                       const lks_attn_rows *rows, const int32_t *pos, int n) {
+  const lks_config *c = &m->cfg;
+  lks_backend *be = m->be;
+  int kvd = m->sh.n_kv * c->head_dim;
+  lks_tensor x = act(m->a.x, n, c->hidden), h = act(m->a.h, n, c->hidden);
+  lks_tensor k = act(m->a.k, n, kvd), v = act(m->a.v, n, kvd);
+  LKS_TRY(be->ops->rmsnorm(be, h, x, L->ln1, c->eps));
+  LKS_TRY(be->ops->matmul(be, k, h, L->wk, L->bk, false));
+  LKS_TRY(be->ops->matmul(be, v, h, L->wv, L->bv, false));
+  if (c->qk_norm) {
+    lks_tensor kh = lks_tensor_reshape(k, (int64_t)n * m->sh.n_kv, c->head_dim);
+    LKS_TRY(be->ops->rmsnorm(be, kh, kh, L->k_norm, c->eps));
+  }
+  if (c->rot_dims > 0)
+    LKS_TRY(be->ops->rope(be, k, c->head_dim, c->rot_dims, c->rope_theta, LKS_ROPE_HALF_SPLIT, pos));
+  return be->ops->kv_store(be, kv, k, v, rows);
 }
 
 // One decoder layer on the residual stream x [n, H]: this rank's heads and FFN shard, with one
@@ -881,18 +907,41 @@ int lks_model_mtp(lks_model *m, lks_kv_cache *mtp_kv, const lks_batch *b, lks_te
   LKS_TRY(be->ops->rmsnorm(be, h_half, h_in, L->hnorm, c->eps));
   lks_tensor none = {0};
   LKS_TRY(be->ops->matmul(be, x, ucat, L->eh_proj, none, false));
-  LKS_TRY(layer_forward(m, c->n_layers, L, mtp_kv, 0, &rows, b->pos, n));
-  lks_tensor cy = act(m->a.carry, n, H);
-  LKS_TRY(be->ops->rmsnorm(be, cy, x, L->head_norm, c->eps));
-  if (carry) *carry = cy;
-  if (logits && b->n_out > 0) {
-    lks_tensor sel = cy;
-    if (b->n_out < n) {  // only the rows asked for go through lm_head
-      sel = act(m->a.h, b->n_out, H);
-      LKS_TRY(be->ops->gather_rows(be, sel, cy, b->out_rows));
+  // Only the output rows need the layer's output; every row's K and V are needed (later rows
+  // attend to them). So, unless every row is an output in order: GQA stores the K and V of all
+  // rows and runs the whole layer on the output rows alone (their K and V stored again, the same
+  // values); MLA (its attention stores and reads in one op) runs the layer on all rows. Then the
+  // output rows, compacted, go on.
+  int n_out = logits || carry ? b->n_out : 0;
+  bool all = n_out == n;
+  for (int i = 0; all && i < n; i++) all = b->out_rows[i] == i;
+  if (all) {
+    LKS_TRY(layer_forward(m, c->n_layers, L, mtp_kv, 0, &rows, b->pos, n));
+  } else {
+    int32_t *sseq = m->sub, *spos = sseq + n, *sslot = spos + n, *id = sslot + n;
+    if (!m->mla) LKS_TRY(gqa_kv_rows(m, L, lks_kv_layer_at(mtp_kv, 0), &rows, b->pos, n));
+    else LKS_TRY(layer_forward(m, c->n_layers, L, mtp_kv, 0, &rows, b->pos, n));
+    if (n_out == 0) return 0;
+    for (int i = 0; i < n_out; i++) {
+      int r = b->out_rows[i];
+      sseq[i] = b->seq[r], spos[i] = b->pos[r], id[i] = i;
     }
-    lks_tensor out = act(m->a.mlogits, b->n_out, m->sh.vocab);
-    LKS_TRY(be->ops->matmul(be, out, sel, m->lm_head, none, false));
+    lks_tensor tmp = act(m->a.ucat, n_out, H);  // ucat is free once eh_proj has read it
+    LKS_TRY(be->ops->gather_rows(be, tmp, x, b->out_rows));
+    x = act(m->a.x, n_out, H);
+    LKS_TRY(be->ops->gather_rows(be, x, tmp, id));
+    if (!m->mla) {
+      lks_attn_rows sub = {.n = n_out, .seq = sseq, .pos = spos};
+      LKS_TRY(lks_kv_rows(mtp_kv, &sub, sslot));
+      LKS_TRY(layer_forward(m, c->n_layers, L, mtp_kv, 0, &sub, spos, n_out));
+    }
+  }
+  lks_tensor cy = act(m->a.carry, n_out, H);
+  if (n_out > 0) LKS_TRY(be->ops->rmsnorm(be, cy, x, L->head_norm, c->eps));
+  if (carry) *carry = cy;
+  if (logits && n_out > 0) {
+    lks_tensor out = act(m->a.mlogits, n_out, m->sh.vocab);
+    LKS_TRY(be->ops->matmul(be, out, cy, m->lm_head, none, false));
     *logits = out;
   }
   return 0;

@@ -77,7 +77,9 @@ int lks_model_forward(lks_model *m, lks_kv_cache *kv, const lks_batch *b, lks_te
 // hidden row i of `h_in` ([n, H]: the target's final-normed hidden, or the carry of a previous
 // step) and runs the MTP layer at b->pos[i] in mtp_kv. *logits: [n_out, V_local], the rows
 // b->out_rows (this rank's vocabulary shard, as for lks_model_forward).
-// *carry: [n, H], shared_head.norm(z), the hidden for a chained step (may alias h_in).
+// *carry: [n_out, H], shared_head.norm(z) of the same rows, the hidden for a chained step (may
+// alias h_in). Rows that are not outputs (all of them when neither is asked for) only leave
+// their K and V in mtp_kv, without the rest of the layer (glm4_moe; glm_moe_dsa runs it whole).
 int lks_model_mtp(lks_model *m, lks_kv_cache *mtp_kv, const lks_batch *b, lks_tensor h_in,
                   lks_tensor *logits, lks_tensor *carry);
 

@@ -798,15 +798,16 @@ static int exec_propose(lks_engine *e, const Lockstep__MtpPropose *p, lks_engine
     for (int i = 0; i < ns; i++) e->drafts[i * K + k - 1] = e->m_last[i];
     if (k == K) break;
     // Chained step k + 1: the draft of step k at the next position, with the carried hidden.
+    // carry holds the output rows, sequence i's in row i.
     lks_backend *be = lks_model_backend(e->m);
     lks_tensor h = stage_view(e, 0, ns);
+    for (int i = 0; i < ns; i++) e->m_out[i] = i;
     LKS_TRY(be->ops->gather_rows(be, h, carry, e->m_out));
     for (int i = 0; i < ns; i++) {
       const Lockstep__SlotTokens *s = p->seqs[i];
       e->m_tok[i] = e->m_last[i];
       e->m_pos[i] = (int32_t)(s->start_pos + s->n_tokens) + k - 1;
       e->m_seq[i] = (int32_t)s->slot;
-      e->m_out[i] = i;
       LKS_TRY(lks_kv_seq_resize(e->mkv, (int)s->slot, e->m_pos[i] + 1));
     }
     lks_batch c = {ns, e->m_tok, e->m_pos, e->m_seq, ns, e->m_out};
