@@ -28,10 +28,23 @@ typedef void (*lks__qdot_fp8_fn)(const uint8_t *w, const float *bscale, int64_t 
 typedef void (*lks__qdot_nvfp4_fn)(const uint8_t *w, const uint8_t *gscale, const float *const *x,
                                    int nx, int64_t K, float *out);
 
+// The same for nw <= LKS__QWROWS weight rows (w[i], its scales bscale[i] / gscale[i]) and one
+// activation row: out[i] = sum_k deq(w[i][k]) * x[k], every row's arithmetic exactly that of the
+// one-row call above (NULL where a level has no such kernel: one row at a time then). Decode's
+// products have one activation row; several weight rows at once keep more independent sums and
+// more loads in flight.
+enum { LKS__QWROWS = 4 };
+typedef void (*lks__qdot_fp8_w_fn)(const uint8_t *const *w, const float *const *bscale,
+                                   int64_t blk, const float *x, int nw, int64_t K, float *out);
+typedef void (*lks__qdot_nvfp4_w_fn)(const uint8_t *const *w, const uint8_t *const *gscale,
+                                     const float *x, int nw, int64_t K, float *out);
+
 typedef struct lks__quant_kernels {
   const char *name;  // "scalar", "avx2", "avx512", "neon"
   lks__qdot_fp8_fn fp8;
   lks__qdot_nvfp4_fn nvfp4;
+  lks__qdot_fp8_w_fn fp8_w;      // may be NULL
+  lks__qdot_nvfp4_w_fn nvfp4_w;  // may be NULL
 } lks__quant_kernels;
 
 const lks__quant_kernels *lks__quant_kernels_get(const char *name);

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // Speed of the CPU backend's kernels on one thread, level by level (LKS_SIMD's names): the BF16
 // and F32 blocked products (mm_*) of M weight rows of K columns with 1 activation row (decode)
-// and with 8 (a batch), and the FP8 (128-blocks) and NVFP4 dots. Reports the thread's CPU time
+// and with 8 (a batch), the FP8 (128-blocks) and NVFP4 dots one weight row at a time, and the
+// backend's FP8 and NVFP4 products of the M rows with 1 activation row (lks__quant_matmul_rows). Reports the thread's CPU time
 // per call (median of repeats), which a machine busy with other work disturbs less than wall
 // time, and the speed-up over the portable level. Under qemu-user the figures say which kernels
 // emulate faster, nothing about a real CPU.
@@ -42,6 +43,13 @@ static double run_case(const lks__cpu_kernels *k, const lks__quant_kernels *q, i
       case 1: k->mm_bf16(wb, K, M, x, K, 8, K, out, M); break;
       case 2: k->mm_f32(wf, K, M, x, K, 1, K, out, M); break;
       case 3: k->mm_f32(wf, K, M, x, K, 8, K, out, M); break;
+      case 6:
+      case 7: {  // the backend's product (several weight rows a kernel call where it has them)
+        lks__qweight q8 = {LKS_Q_FP8_BLOCK, w8, K, bs, K / 128, 1.0f, M, K};
+        lks__qweight q4 = {LKS_Q_NVFP4, w4, K / 2, gs, K / 16, 1.0f, M, K};
+        lks__quant_matmul_rows(q, c == 6 ? &q8 : &q4, 0, M, x, K, 1, NULL, out, M, false);
+        break;
+      }
       default: {
         const float *xs[1] = {x};
         for (int64_t i = 0; i < M; i++) {
@@ -84,15 +92,16 @@ int main(int argc, char **argv) {
   for (int64_t i = 0; i < 8 * K; i++) x[i] = (float)((i % 7) - 3) * 0.25f;
   static const char *levels[] = {"scalar", "avx2", "avx512", "neon", "neon_bf16"};
   static const char *cases[] = {"mm_bf16 n=1", "mm_bf16 n=8", "mm_f32 n=1", "mm_f32 n=8",
-                                "fp8 dot", "nvfp4 dot"};
-  double base[6] = {0};
+                                "fp8 dot",     "nvfp4 dot",   "fp8 n=1",    "nvfp4 n=1"};
+  enum { N_CASES = 8 };
+  double base[N_CASES] = {0};
   printf("kernel_bench: %lld x %lld weights, CPU ms per call (median of %d), speed-up over scalar\n",
          (long long)M, (long long)K, rep);
   for (int l = 0; l < 5; l++) {
     const lks__cpu_kernels *k = lks__cpu_kernels_get(levels[l]);
     const lks__quant_kernels *q = lks__quant_kernels_get(levels[l]);
     if (!k) continue;
-    for (int c = 0; c < 6; c++) {
+    for (int c = 0; c < N_CASES; c++) {
       if (c >= 4 && (!q || strcmp(q->name, levels[l]) != 0)) continue;  // the same as another
       double t = run_case(k, q, c, rep, wb, wf, w8, w4, bs, gs, x, M, K, out);
       if (l == 0) base[c] = t;
