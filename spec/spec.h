@@ -118,10 +118,12 @@ typedef struct lks_policy_costs {
 } lks_policy_costs;
 
 // A sequence's running acceptance per draft position (each given the ones before it accepted),
-// exponentially weighted; it starts from the pooled acceptance of every sequence so far.
+// exponentially weighted; it starts from the pooled acceptance of every sequence so far, which
+// counts as up to four observations once the pool has that many.
 typedef struct lks_policy_seq {
   float acc[LKS_MAX_DRAFTS];
   int n_obs[LKS_MAX_DRAFTS];  // observations per position (the first ones weigh more)
+  int n_prior[LKS_MAX_DRAFTS];  // observations the starting value counts as (1 to 4)
   int depth;  // positions [0, depth) observed; deeper ones take the acceptance of depth - 1
   uint64_t rounds;
   int waiting;  // plain steps since it last drafted (the positions its drafter has to catch up)

@@ -229,11 +229,13 @@ START_TEST(policy_explores_then_exploits) {
   ck_assert(fabs(c->plain - 0.010) < 1e-9 && fabs(c->draft - 0.001) < 1e-9);
   ck_assert(fabs(c->row[1] - 0.002) < 1e-9 && fabs(c->row[2] - 0.002) < 1e-9);
   // A sequence whose drafts are all rejected: its acceptance at position 1 falls, position 2
-  // is never observed (the draft before it was rejected) and follows position 1.
+  // is never observed (the draft before it was rejected) and follows position 1. Its
+  // observations join the pool's, as the scheduler's do, so the pool no longer says drafts pay
+  // (a plain sequence's acceptance drifts back to the pool's, tested below).
   lks_policy_seq b;
-  lks_policy_seq_init(NULL, &b);
-  for (int i = 0; i < 30; i++) lks_policy_observe(NULL, &b, 2, 0);
-  ck_assert(b.acc[0] < 0.01f);
+  lks_policy_seq_init(p, &b);
+  for (int i = 0; i < 30; i++) lks_policy_observe(p, &b, 2, 0);
+  ck_assert(b.acc[0] < 0.05f);  // 1 -> 0.4 in 6 rounds (the pool counting as 4), then x0.9 a round
   ck_assert(b.acc[1] == b.acc[0] && b.depth == 1);
   // One whose first drafts are accepted 9 times in 10 at K = 1: positions 2, 3 are never
   // observed and take position 1's acceptance, not the prior 0.6.
@@ -260,6 +262,40 @@ START_TEST(policy_explores_then_exploits) {
     lks_policy_record(p, 1, K, K, K * 0.005, 0.010 + K * 0.005 + K * 0.012);
   }
   ck_assert_int_le(spec, 3 + 2 * 2 + 2);  // exploration, then two probes of two steps (and slack)
+  lks_policy_free(p);
+}
+END_TEST
+
+// The pool, every sequence's observations, is a new sequence's start: a long memory, counting
+// as several observations. A server whose drafts were right 100 rounds in a row, then wrong in
+// the last 3, starts a new sequence near 1 (with the pool weighted as a sequence, 0.2, it
+// started at 0.51, found no K paid and decoded plainly: the deep model's later requests).
+// And a sequence that a few misses turned off drafts again after a few plain steps when the
+// pool says drafts pay (it waited for a probe, 32 steps and more, before).
+START_TEST(policy_pool_and_return) {
+  lks_policy *p = lks_policy_new(1, LKS_MAX_DRAFTS);
+  ck_assert_ptr_nonnull(p);
+  lks_policy_seq a, b;
+  lks_policy_seq_init(p, &a);
+  for (int i = 0; i < 100; i++) lks_policy_observe(p, &a, 1, 1);
+  for (int i = 0; i < 3; i++) lks_policy_observe(p, &a, 1, 0);
+  lks_policy_seq_init(p, &b);
+  ck_assert_msg(b.acc[0] > 0.9f, "a new sequence starts at %.3f", b.acc[0]);
+  // Costs: plain 10 ms, a draft 1 ms, a verify row 2 ms; K = 1 pays above about 0.33.
+  lks_policy_seq *seqs[1] = {&b};
+  int kcap[1] = {1}, k[1], scratch[1];
+  for (int step = 0; step < 12; step++) {
+    int K = lks_policy_pick(p, seqs, kcap, 1, k, scratch);
+    lks_policy_record(p, 1, K, K, K * 0.001, 0.010 + K * 0.003);
+    if (K) lks_policy_observe(p, &b, K, K);
+  }
+  // Bad luck: b's acceptance is set to 0.2, so that no K pays for it now.
+  for (int j = 0; j < LKS_MAX_DRAFTS; j++) b.acc[j] = 0.2f;
+  ck_assert_int_eq(lks_policy_pick(p, seqs, kcap, 1, k, scratch), 0);
+  int back = -1;
+  for (int step = 1; step <= 30 && back < 0; step++)
+    if (lks_policy_pick(p, seqs, kcap, 1, k, scratch) > 0) back = step;
+  ck_assert_msg(back > 0 && back <= 12, "drafts again after %d plain steps", back);
   lks_policy_free(p);
 }
 END_TEST
@@ -298,6 +334,7 @@ int main(void) {
   tcase_add_test(tc, policy_is_the_argmax);
   tcase_add_test(tc, policy_mixed_batch);
   tcase_add_test(tc, policy_explores_then_exploits);
+  tcase_add_test(tc, policy_pool_and_return);
   tcase_add_test(tc, policy_skips_the_warm_up_step);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
