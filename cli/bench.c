@@ -333,12 +333,14 @@ typedef struct {
   double t_plain, t_spec, rate_plain, rate_spec, ratio, ratio_cold;
   int n_warm;
 } spec_medians;
-static int bench_spec(lks_world *w, lks_sched_opts *so, const char *spec, const int32_t *tok,
-                      int n_pre, int n_dec, int reps, spec_medians *md, lks_spec_stats *sst) {
+static int bench_spec(lks_world *w, const lks_sched_opts *so, const char *spec,
+                      const int32_t *tok, int n_pre, int n_dec, int reps, spec_medians *md,
+                      lks_spec_stats *sst) {
   double *v = malloc((size_t)reps * 5 * sizeof *v);
   double *a = v, *b = v + reps, *rp = v + 2 * reps, *rs = v + 3 * reps, *ra = v + 4 * reps;
   int rc = v ? 0 : lks_set_error(LKS_ENOMEM, "out of memory");
-  lks_sched_opts sp = *so;
+  lks_sched_opts plain = *so, sp = *so;
+  snprintf(plain.spec, sizeof plain.spec, "off");
   snprintf(sp.spec, sizeof sp.spec, "%s", spec);
   lks_sched *srv = rc == 0 ? lks_sched_new(w, NULL, &sp) : NULL;
   if (rc == 0 && !srv) rc = -1;
@@ -346,8 +348,7 @@ static int bench_spec(lks_world *w, lks_sched_opts *so, const char *spec, const 
     bench_clock bc = {w, 0, 0, 0, 0, 0, 0};
     lks_spec_stats pst;
     double t0 = lks_now();
-    snprintf(so->spec, sizeof so->spec, "off");
-    rc = bench_run(w, so, tok, n_pre, n_dec, &bc, &pst);
+    rc = bench_run(w, &plain, tok, n_pre, n_dec, &bc, &pst);
     a[r] = lks_now() - t0;
     t0 = lks_now();
     if (rc == 0) rc = bench_run_in(w, srv, tok, n_pre, n_dec, &bc, sst);
@@ -356,7 +357,6 @@ static int bench_spec(lks_world *w, lks_sched_opts *so, const char *spec, const 
     rs[r] = rc == 0 ? decode_rate(sst) : 0;
     ra[r] = rp[r] > 0 ? rs[r] / rp[r] : 0;
   }
-  snprintf(so->spec, sizeof so->spec, "%s", spec);
   lks_sched_free(srv);
   // The warm runs (all of them when there is only one).
   int w0 = reps > 1 ? 1 : 0;

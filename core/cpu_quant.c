@@ -590,6 +590,8 @@ const lks__quant_kernels *lks__quant_kernels_best(void) {
   return &q_scalar;
 }
 
+_Static_assert((int)LKS__QWROWS <= (int)LKS__QROWS, "one output buffer serves both kernels");
+
 // Row r's scales as the dot kernels take them.
 static const void *row_scales(const lks__qweight *w, int64_t r) {
   switch (w->qs) {
@@ -606,8 +608,9 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
   const int64_t blk = w->qs == LKS_Q_FP8_ROW ? K : LKS_Q_FP8_BLOCK_SIZE;
   const bool nv = w->qs == LKS_Q_NVFP4;
   if (!nv && w->qs != LKS_Q_FP8_ROW && w->qs != LKS_Q_FP8_BLOCK) {
-    for (int64_t t = 0; t < n; t++)  // unreachable: lks_weight_check refused it
-      for (int64_t r = r0; r < r1 && !accumulate; r++) out[t * ldo + r] = 0;
+    if (!accumulate)  // unreachable: lks_weight_check refused it
+      for (int64_t t = 0; t < n; t++)
+        for (int64_t r = r0; r < r1; r++) out[t * ldo + r] = 0;
     return;
   }
   // One row's codes streamed at a time had too few loads in flight to keep memory busy: the row
@@ -631,7 +634,7 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
       if (r + i + pf < r1)
         for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(codes[i] + pf * w->ld + c);
     }
-    float d[LKS__QROWS + LKS__QWROWS];
+    float d[LKS__QROWS];
     if (step > 1) {
       if (nv) k->nvfp4_w(codes, (const uint8_t *const *)sc, x, nw, K, d);
       else k->fp8_w(codes, (const float *const *)sc, blk, x, nw, K, d);
@@ -667,17 +670,17 @@ void lks__quant_row_f32(const lks__qweight *w, int64_t r, float *dst) {
   const uint8_t *codes = w->codes + r * w->ld;
   switch (w->qs) {
     case LKS_Q_FP8_ROW: {
-      float s = ((const float *)w->scales)[r];
+      float s = *(const float *)row_scales(w, r);
       for (int64_t c = 0; c < K; c++) dst[c] = e4m3_lut[codes[c]] * s;
       break;
     }
     case LKS_Q_FP8_BLOCK: {
-      const float *s = (const float *)w->scales + (r / B) * w->sld;
+      const float *s = row_scales(w, r);
       for (int64_t c = 0; c < K; c++) dst[c] = e4m3_lut[codes[c]] * s[c / B];
       break;
     }
     case LKS_Q_NVFP4: {
-      const uint8_t *gs = (const uint8_t *)w->scales + r * w->sld;
+      const uint8_t *gs = row_scales(w, r);
       for (int64_t c = 0; c < K; c++) {
         uint8_t code = c & 1 ? codes[c / 2] >> 4 : codes[c / 2] & 15;
         dst[c] = lks_e2m1_to_f32(code) * e4m3_lut[gs[c / 16]] * w->global;

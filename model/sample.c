@@ -220,13 +220,6 @@ LKS_VECTORIZE static void bin_all(const float *l, int V, float mx,
 
 enum { SUB_BINS = 1024, SORT_AT_MOST = 256, REFINE_LEVELS = 3 };
 
-// The cut bin's tokens edge[0, *ne), whose keys d = (max - l) / T * BINS_PER_UNIT (computed as
-// bin_all does, so the same values) lie in [cut, cut + 1): while they are many, the bin is cut
-// into SUB_BINS finer ones by the same monotone key, every token of the sub-bins before the one
-// where the mass reaches top_p is taken (moved to the front; *acc grows by their mass), and the
-// search goes on in that sub-bin alone. Returns how many were taken; edge[taken, taken + *ne)
-// is what is left, for the caller to sort. A sub-bin keeps the tokens of one key range, so what
-// is taken is what a full sort would take first, ties included (equal logits share a sub-bin).
 // The sub-bin of c among SUB_BINS of the key range [lo, lo + SUB_BINS / scale).
 static inline int sub_bin(cand c, float mx, float inv_t, double lo, double scale) {
   double d = (double)((mx - c.l) * inv_t * BINS_PER_UNIT);
@@ -234,6 +227,13 @@ static inline int sub_bin(cand c, float mx, float inv_t, double lo, double scale
   return b < 0 ? 0 : b >= SUB_BINS ? SUB_BINS - 1 : b;
 }
 
+// The cut bin's tokens edge[0, *ne), whose keys d = (max - l) / T * BINS_PER_UNIT (computed as
+// bin_all does, so the same values) lie in [cut, cut + 1): while they are many, the bin is cut
+// into SUB_BINS finer ones by the same monotone key, every token of the sub-bins before the one
+// where the mass reaches top_p is taken (moved to the front; *acc grows by their mass), and the
+// search goes on in that sub-bin alone. Returns how many were taken; edge[taken, taken + *ne)
+// is what is left, for the caller to sort. A sub-bin keeps the tokens of one key range, so what
+// is taken is what a full sort would take first, ties included (equal logits share a sub-bin).
 static int refine_edge(cand *edge, int *ne, float mx, float inv_t, const float *w, double sum,
                        double top_p, int cut, double *acc) {
   double lo = cut, width = 1;

@@ -228,11 +228,10 @@ void lks_policy_observe(lks_policy *p, lks_policy_seq *s, int k, int accepted) {
   // Position j's acceptance is observed when the drafts before it were all accepted. A position
   // never observed takes the acceptance of the deepest one observed (not the prior): a drafter
   // that is right 9 times in 10 at the first draft is tried deeper, one that is always wrong is
-  // not. The average is a running mean while it has fewer than 1 / ACC_W - 1 observations (the
-  // prior counting as one), so that a few drafts already say what the drafter is worth, and
-  // exponentially weighted after (the pool's with POOL_W). A sequence's own average starts from
-  // the pool's, which counts as up to POLICY_PRIOR_MOST observations once the pool has seen that
-  // many. Measured on the deep model, second and later requests of one server: with the pool
+  // not. The average is a running mean while a new observation would weigh more than ACC_W (its
+  // starting value counting as n_prior observations: one for the pool's fixed guess, up to
+  // POLICY_PRIOR_MOST for a pool that has seen that many), so that a few drafts already say what
+  // the drafter is worth, and exponentially weighted after (the pool's own with POOL_W). Measured on the deep model, second and later requests of one server: with the pool
   // weighted as a sequence (0.2) and counting as one observation, a new sequence started from the
   // last few rounds of the one before (0.60-0.63 where the run's mean was 0.9), found that no K
   // paid, and decoded plainly for 92-99 % of its rows (x1.04-1.17 against the first request's
@@ -240,7 +239,7 @@ void lks_policy_observe(lks_policy *p, lks_policy_seq *s, int k, int accepted) {
   int seen = k < accepted + 1 ? k : accepted + 1;
   for (int j = 0; j < seen; j++) {
     double x = j < accepted ? 1.0 : 0.0;
-    double w = 1.0 / (++s->n_obs[j] + (s->n_prior[j] > 0 ? s->n_prior[j] : 1));
+    double w = 1.0 / (++s->n_obs[j] + s->n_prior[j]);
     w = w > ACC_W ? w : ACC_W;
     s->acc[j] = (float)((1 - w) * s->acc[j] + w * x);
     if (p) {
