@@ -79,8 +79,11 @@ async function openaiLoop(oai, model, c) {
     }
     finish = ch.choices[0]?.finish_reason ?? finish;
   }
-  check(finish === "tool_calls" && JSON.stringify(scalls) === JSON.stringify(calls) && content === (m1.content ?? ""),
-        `${c.prompt}: streamed ${JSON.stringify(scalls)} ${finish} equals the plain reply`);
+  // The same call but for its id, which is each reply's own (and must be there).
+  const noId = (cs) => JSON.stringify(cs.map(({ id, ...rest }) => rest));
+  check(finish === "tool_calls" && noId(scalls) === noId(calls) && content === (m1.content ?? "") &&
+        scalls.every((t) => typeof t.id === "string" && t.id.length > 0),
+        `${c.prompt}: streamed ${JSON.stringify(scalls)} ${finish} equals the plain reply ${JSON.stringify(calls)}`);
   if (!call || !impl[call.function.name] || !args) return tr;
   // The client runs the tool and sends its result back.
   const result = impl[call.function.name](args);

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Rebuilds models/glm-pydoc-tools, reproducibly (fixed seeds, deterministic torch on two
-# threads): the default model (models/glm-pydoc-tiny) fine-tuned on synthetic tool-call
-# conversations (toolcall_data.py, rendered by render_chat.mjs), then measured through
-# `lockstep serve` (evaluate_tools.py).
+# threads): a model of glm-pydoc-tiny's tokenizer and layer shapes (4 heads of 128, no q/k
+# norms), initialised with a copying circuit written in (finetune_tools.py prime_copy) and
+# trained on synthetic tool-call conversations (toolcall_data.py, rendered by render_chat.mjs),
+# then measured through `lockstep serve` (evaluate_tools.py).  About 35 minutes on two cores.
 #
 #   bash tools/train/finetune_tools.sh [WORK_DIR [OUT_DIR]]
 #
@@ -23,11 +24,14 @@ bash "$ROOT/tests/tokenizer/npm_ci.sh"
 mkdir -p "$WORK"
 start=$(date +%s)
 [ -f "$WORK/groups.pkl" ] || nice $PY "$ROOT/tools/train/finetune_tools.py" data --work "$WORK"
-[ -f "$WORK/groups_synth.pkl" ] || nice $PY "$ROOT/tools/train/finetune_tools.py" data --work "$WORK" --synth
-# The schedule the shipped weights were trained with (their run changed its learning rate and
-# corpus mix while it ran; see the model card): each step's learning rate and corpus window.
-nice $PY "$ROOT/tools/train/finetune_tools.py" train --work "$WORK" \
-  --schedule "$ROOT/tools/train/glm-pydoc-tools.schedule.json" 2>&1 | tee -a "$WORK/train.log"
+[ -f "$WORK/groups_synth.pkl" ] || nice $PY "$ROOT/tools/train/finetune_tools.py" data \
+  --work "$WORK" --synth --n-groups 800
+# The first step draws from groups.pkl (the pools' values), every later one from
+# groups_synth.pkl (seven conversations in eight with made-up values, which only copying
+# gets); each step also takes 4 copying-practice sequences.
+nice $PY "$ROOT/tools/train/finetune_tools.py" train --work "$WORK" --init primed \
+  --synth-from 1 --steps 800 --lr 1.5e-3 --warmup 20 --min-lr-frac 0.1 --corpus-batch 0 \
+  --copy-batch 4 --ckpt-every 25 --log-every 10 2>&1 | tee -a "$WORK/train.log"
 $PY "$ROOT/tools/train/finetune_tools.py" export --work "$WORK" --out "$OUT"
 cp "$WORK/train.log" "$OUT/train.log"
 $PY "$ROOT/tools/train/check_render.py" "${CHAT_RENDER:-$(dirname "$LKS")/chat_render}"

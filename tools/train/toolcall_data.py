@@ -174,8 +174,23 @@ def made_up_name(g):
                    for _ in range(g.randint(2, 3))).capitalize() + g.choice(["", "n", "k", "r"])
 
 
+def made_up_word(g):
+    """A made-up word (3 in 5), a common one, or a word of a training term: a value made of
+    them can be written only by copying it, and knowing the pools' terms does not help."""
+    u = g.random()
+    if u < 0.6:
+        return made_up_name(g).lower()
+    return g.choice(_WORDS) if u < 0.8 else g.choice(g.choice(TRAIN_TERMS).split())
+
+
+def made_up_term(g):
+    """A glossary term of one to three words (the held-out terms are phrases like "walrus
+    operator")."""
+    return " ".join(made_up_word(g) for _ in range(g.choice([1, 1, 2, 2, 3])))
+
+
 def made_up_phrase(g):
-    return "a " + " ".join(g.choice(_WORDS) for _ in range(g.randint(3, 6)))
+    return "a " + " ".join(made_up_word(g) for _ in range(g.randint(3, 6)))
 
 
 def tool_result(name, args, g, held, synth=False):
@@ -216,7 +231,7 @@ def conversation(g, held, name=None, offered=None, system=None, synth=False):
         args = {"a": g.choice(pool), "b": g.choice(pool)}
         fill = dict(args)
     else:
-        args = {"term": made_up_name(g).lower() if synth else
+        args = {"term": made_up_term(g) if synth else
                 g.choice(HELD_TERMS if held else TRAIN_TERMS)}
         fill = dict(args)
     msgs = []
@@ -237,15 +252,15 @@ def conversation(g, held, name=None, offered=None, system=None, synth=False):
 def training_groups(n_groups, size, seed, synth=False):
     """n_groups groups of size conversations; the conversations of a group offer the same tools
     in the same order and have the same system message (so their prompts share a prefix, which
-    finetune_tools.py computes once per group), each with a tool of its own.  synth: every other
-    conversation with made-up values."""
+    finetune_tools.py computes once per group), each with a tool of its own.  synth: seven
+    conversations in eight with made-up values."""
     g = random.Random(seed)
     out = []
     for _ in range(n_groups):
         offered, system = offer(g)
         grp = []
         for k in range(size):
-            c = conversation(g, False, g.choice(offered), offered, system, synth and k % 2 == 1)
+            c = conversation(g, False, g.choice(offered), offered, system, synth and k % 8 != 7)
             grp.append({"messages": c["messages"], "tools": c["tools"]})
         out.append(grp)
     return out
