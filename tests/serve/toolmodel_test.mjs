@@ -21,6 +21,8 @@ import { isDeepStrictEqual } from "node:util";
 
 const [plainUrl, mtpUrl, key] = process.argv.slice(2);
 let passed = 0, failed = 0;
+// Tool calls the clients received from each server (its lockstep_tool_calls_total must agree).
+const received = {};
 function check(ok, what) {
   if (ok) passed++; else { failed++; console.log("FAIL: " + what); }
 }
@@ -50,7 +52,7 @@ const cases = [
   { prompt: "What does walrus operator mean?", name: "lookup", args: { term: "walrus operator" } },
 ];
 
-async function openaiLoop(oai, model, c) {
+async function openaiLoop(oai, model, c, url) {
   const tr = {};
   const user = { role: "user", content: c.prompt };
   const req = { model, messages: [user], tools: oaiTools, temperature: 0, max_tokens: 64 };
@@ -58,6 +60,7 @@ async function openaiLoop(oai, model, c) {
   const m1 = r1.choices[0].message;
   tr.first = { content: m1.content, tool_calls: m1.tool_calls, finish: r1.choices[0].finish_reason };
   const calls = m1.tool_calls ?? [];
+  received[url] += calls.length;
   check(r1.choices[0].finish_reason === "tool_calls", `${c.prompt}: finish_reason ${r1.choices[0].finish_reason} (content ${JSON.stringify(m1.content)})`);
   check(calls.length === 1, `${c.prompt}: one tool call, got ${JSON.stringify(calls)}`);
   check(!(m1.content ?? "").includes("<"), `${c.prompt}: no markup in content ${JSON.stringify(m1.content)}`);
@@ -81,6 +84,7 @@ async function openaiLoop(oai, model, c) {
   }
   // The same call but for its id, which is each reply's own (and must be there).
   const noId = (cs) => JSON.stringify(cs.map(({ id, ...rest }) => rest));
+  received[url] += scalls.length;
   check(finish === "tool_calls" && noId(scalls) === noId(calls) && content === (m1.content ?? "") &&
         scalls.every((t) => typeof t.id === "string" && t.id.length > 0),
         `${c.prompt}: streamed ${JSON.stringify(scalls)} ${finish} equals the plain reply ${JSON.stringify(calls)}`);
@@ -91,22 +95,26 @@ async function openaiLoop(oai, model, c) {
   const r2 = await oai.chat.completions.create({ ...req, messages: convo });
   const m2 = r2.choices[0].message;
   tr.final = { content: m2.content, tool_calls: m2.tool_calls, finish: r2.choices[0].finish_reason };
+  received[url] += m2.tool_calls?.length ?? 0;
   check(r2.choices[0].finish_reason === "stop" && !m2.tool_calls?.length, `${c.prompt}: final finish_reason ${r2.choices[0].finish_reason}`);
   check((m2.content ?? "").includes(result), `${c.prompt}: the final answer ${JSON.stringify(m2.content)} contains the result ${JSON.stringify(result)}`);
   let text = "";
-  for await (const ch of await oai.chat.completions.create({ ...req, messages: convo, stream: true }))
+  for await (const ch of await oai.chat.completions.create({ ...req, messages: convo, stream: true })) {
     text += ch.choices[0]?.delta?.content ?? "";
+    received[url] += ch.choices[0]?.delta?.tool_calls?.length ?? 0;
+  }
   check(text === m2.content, `${c.prompt}: streamed final answer ${JSON.stringify(text)} equals the plain one`);
   return tr;
 }
 
-async function anthropicLoop(ant, model, c) {
+async function anthropicLoop(ant, model, c, url) {
   const tr = {};
   const user = { role: "user", content: c.prompt };
   const req = { model, max_tokens: 64, temperature: 0, tools: antTools };
   const a1 = await ant.messages.create({ ...req, messages: [user] });
   tr.first = { content: a1.content, stop: a1.stop_reason };
   const uses = a1.content.filter((b) => b.type === "tool_use");
+  received[url] += uses.length;
   check(a1.stop_reason === "tool_use" && uses.length === 1, `${c.prompt}: anthropic stop_reason ${a1.stop_reason}, ${JSON.stringify(a1.content)}`);
   const use = uses[0];
   check(use?.name === c.name && isDeepStrictEqual(use?.input, c.args) && typeof use?.id === "string",
@@ -116,6 +124,7 @@ async function anthropicLoop(ant, model, c) {
   const a2 = await ant.messages.create({ ...req, messages: [user, { role: "assistant", content: a1.content },
     { role: "user", content: [{ type: "tool_result", tool_use_id: use.id, content: result }] }] });
   tr.final = { content: a2.content, stop: a2.stop_reason };
+  received[url] += a2.content.filter((b) => b.type === "tool_use").length;
   const text = a2.content.filter((b) => b.type === "text").map((b) => b.text).join("");
   check(a2.stop_reason === "end_turn" && text.includes(result),
         `${c.prompt}: anthropic final ${a2.stop_reason} ${JSON.stringify(text)} contains ${JSON.stringify(result)}`);
@@ -127,7 +136,9 @@ async function run(url) {
   const ant = new Anthropic({ baseURL: url, apiKey: key, maxRetries: 0, timeout: 300000 });
   const model = (await oai.models.list()).data[0].id;
   const out = [];
-  for (const c of cases) out.push({ openai: await openaiLoop(oai, model, c), anthropic: await anthropicLoop(ant, model, c) });
+  received[url] = 0;
+  for (const c of cases)
+    out.push({ openai: await openaiLoop(oai, model, c, url), anthropic: await anthropicLoop(ant, model, c, url) });
   return out;
 }
 
@@ -139,5 +150,14 @@ check(isDeepStrictEqual(noIds(plain), noIds(spec)), `--spec mtp replies equal th
 const metrics = await (await fetch(mtpUrl + "/metrics")).text();
 const accepted = [...metrics.matchAll(/^lockstep_spec_drafts_accepted_total\S* (\d+)/gm)].reduce((s, m) => s + Number(m[1]), 0);
 check(accepted > 0, `the mtp server accepted drafts (${accepted})`);
+// The serving metrics count what the clients received: tool calls and requests per API
+// (each case: 4 chat completions and 2 messages; models.list is neither).
+const metric = (re) => Number((metrics.match(re) ?? [])[1]);
+const toolCalls = metric(/^lockstep_tool_calls_total (\d+)/m);
+check(received[mtpUrl] === 3 * cases.length && toolCalls === received[mtpUrl],
+      `lockstep_tool_calls_total ${toolCalls}, the client received ${received[mtpUrl]}`);
+const perApi = (api) => metric(new RegExp(`^lockstep_api_requests_total\\{api="${api}"\\} (\\d+)`, "m"));
+check(perApi("chat_completions") === 4 * cases.length && perApi("messages") === 2 * cases.length,
+      `requests per API: chat_completions ${perApi("chat_completions")}, messages ${perApi("messages")}`);
 console.log(`toolmodel: ${passed} checks passed, ${failed} failed; mtp drafts accepted: ${accepted}`);
 process.exit(failed ? 1 : 0);
