@@ -222,8 +222,8 @@ def primed_config(base):
 def prime_copy(model, seed, vocab, a=15.0, s=2.3, c=1.6, f=2.0, g0=0.5, g1=0.7):
     """Writes a copying circuit into a freshly initialised model (--init primed), which the
     training then learns to use: gradient descent on these 2 cores did not find one in a few
-    hundred steps (earlier runs; the model card).  The residual stream's dims: E = 0..63 the token's
-    embedding (random; the embedding's other dims 0), P = 64..127 the previous token's,
+    hundred steps (earlier runs; the model card).  The residual stream's dims: E = 0..63 the
+    token's embedding (random; the embedding's other dims 0), P = 64..127 the previous token's,
     C = 128..191 the copied token's, Q = 192..223 the token before the previous one's (seen
     through a random 32 x 64 projection R2), 224 the space flag, 225 the copied one's, the
     rest free.
@@ -356,12 +356,10 @@ def stage_train(a):
     moes = model.moe_layers()
     model.train()
     t_last = time.time()
-    steps = a.steps
-    lr_of = lambda i: lr_at(a, i)
-    while step < steps:
+    while step < a.steps:
         t0 = time.time()
         for gp in opt.param_groups:
-            gp["lr"] = lr_of(step)
+            gp["lr"] = lr_at(a, step)
         g = np.random.default_rng([a.seed, step])
         # which data this step draws from (--synth-from)
         src = "groups_synth" if a.synth_from and step >= a.synth_from else "groups"
@@ -401,7 +399,7 @@ def stage_train(a):
         elapsed += time.time() - t0
         rec = {"step": step, "data": src, "loss": float(main), "mtp": float(mtp),
                "corpus_loss": float(cmain), "corpus_mtp": float(cmtp), "copy_loss": float(cp),
-               "gn": float(gn), "lr": lr_of(step - 1), "max_load": max(imb)}
+               "gn": float(gn), "lr": lr_at(a, step - 1), "max_load": max(imb)}
         hist.append(rec)
         if step % a.log_every == 0 or step == 1:
             log("step %4d  tool loss %.4f  mtp %.4f  corpus loss %.4f  mtp %.4f  copy loss %.4f  "
@@ -415,7 +413,7 @@ def stage_train(a):
             log("step %4d  copies %.3f of a repeated random sequence"
                 % (step, copy_check(model)))
             model.train()
-        if step % a.ckpt_every == 0 or step == steps:
+        if step % a.ckpt_every == 0 or step == a.steps:
             tmp = ck + ".tmp"
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
                         "elapsed": elapsed, "hist": hist, "cfg": cfg, "args": vars(a)}, tmp)
