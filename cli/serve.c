@@ -66,6 +66,14 @@ int lks_cmd_serve(lks_settings *s) {
   lks_sched_opts o;
   lks_sched_opts_from(s, &o);
   lks_sched *sched = lks_sched_new(w, tok, &o);
+  // The policy's step costs before the port opens, so that the first requests do not pay for
+  // exploring them.
+  double t_cal;
+  if (sched && lks_sched_calibrate(sched, &t_cal) < 0) {
+    fprintf(stderr, "lockstep serve: %s\n", lks_last_error());
+    lks_sched_free(sched);
+    sched = NULL;
+  }
   char name[512];
   lks_http *http = sched ? lks_http_start(s, sched, w, tok, base_name(dir, name, sizeof name)) : NULL;
   if (!http) {

@@ -194,6 +194,7 @@ lks_sched *lks_sched_new(lks_world *w, const lks_tokenizer *tok, const lks_sched
     s->now.speculation = true;
   }
   s->wanted = s->now;
+  s->calib_k = -1;
   if (s->proposer && o->gate && !(s->policy = lks_policy_new(s->n_slots, LKS_MAX_DRAFTS))) goto fail;
   if (tok && json_new(s) < 0) goto fail;
   s->st.spec.k_max = s->proposer ? o->n_drafts : 0;
@@ -406,7 +407,12 @@ static int propose(lks_sched *s, int *K_out, int *R_out, bool *caught_up) {
     m->kcap[i] = room < 0 ? 0 : room < k_lim ? room : k_lim;
   }
   int K = 0;
-  if (s->o.force_k) {
+  if (s->calib_k >= 0) {
+    for (int i = 0; i < n_dec; i++) {
+      m->n_d[i] = s->calib_k < m->kcap[i] ? s->calib_k : m->kcap[i];
+      K = m->n_d[i] > K ? m->n_d[i] : K;
+    }
+  } else if (s->o.force_k) {
     for (int i = 0; i < n_dec; i++) {
       int k = s->o.force_k(s->o.test_ctx, m->dreq[i]->slot, m->dreq[i]->n_generated);
       m->n_d[i] = k < 0 ? 0 : k < m->kcap[i] ? k : m->kcap[i];
@@ -701,7 +707,7 @@ static int accept(lks_sched *s, int n, const lks_engine_out *out, bool logits) {
     }
     s->st.spec.rounds++;
     pthread_mutex_unlock(&s->mu);
-    lks_policy_observe(s->policy, &r->pol, rp->nd, a);
+    if (s->calib_k < 0) lks_policy_observe(s->policy, &r->pol, rp->nd, a);
     m->c_slot[n_commit] = (uint32_t)r->slot;
     m->c_keep[n_commit++] = (uint32_t)(L + a + 1);
     LKS_TRY(pr->ops->after_verify(pr, &r->seq, L, d, a, bonus));
@@ -934,4 +940,91 @@ int lks_sched_run_one(lks_sched *s, lks_req_params *p) {
   }
   lks_req_release(r);
   return rc < 0 ? rc : 0;
+}
+
+// The draft count of calibration step `step`: a warm-up plain step, then CAL_ROUNDS rounds of
+// [plain, plain, k_max, 1, 2, ..., k_max]. Every cost is sampled in every round, so that a
+// stretch of a shared machine running slow moves them all alike (each cost is a median of its
+// samples). The k_max after the plain steps catches the drafter up and is not a step's cost (the
+// scheduler does not record it). -1 after the last round.
+enum { CAL_ROUNDS = 4 };
+static int calibration_k(int step, int k_max) {
+  if (step == 0) return 0;
+  int per = 3 + k_max, round = (step - 1) / per, at = (step - 1) % per;
+  if (round >= CAL_ROUNDS) return -1;
+  return at < 2 ? 0 : at == 2 ? k_max : at - 2;
+}
+
+int lks_sched_calibrate(lks_sched *s, double *seconds) {
+  *seconds = 0;
+  int k_max = s->now.n_drafts, vocab = s->vocab;
+  bool idle = s->q_head == NULL;
+  for (int i = 0; i < s->n_slots && idle; i++) idle = s->slot[i] == NULL;
+  if (!s->policy || !s->now.speculation || k_max < 1 || !idle) return 0;
+  // One sequence of CAL_PROMPT fixed ids, greedy, long enough for every step (at most K + 1
+  // tokens each), within --max-seq-len.
+  enum { CAL_PROMPT = 8 };
+  int need = 1 + CAL_ROUNDS * (2 + 2 * (k_max + 1) + k_max * (k_max + 3) / 2);
+  int room = s->o.max_len - CAL_PROMPT - LKS_MAX_DRAFTS - 2;
+  if (room < 8) return 0;
+  lks_req_params p = {0};
+  if (!(p.prompt = malloc(CAL_PROMPT * sizeof *p.prompt)))
+    return lks_set_error(LKS_ENOMEM, "calibration: out of memory");
+  for (int j = 0; j < CAL_PROMPT; j++) p.prompt[j] = (int32_t)((j * 7919 + 13) % vocab);
+  p.n_prompt = CAL_PROMPT;
+  p.max_tokens = need < room ? need : room;
+  p.ignore_eos = true;
+  p.sampling = (lks_sampling){0, 0, 1};
+  pthread_mutex_lock(&s->mu);
+  lks_sched_stats saved = s->st;
+  pthread_mutex_unlock(&s->mu);
+  double t0 = lks_clock();
+  int err, rc = 0;
+  lks_req *r = lks_sched_submit(s, &p, &err);
+  if (!r) {
+    LKS_LOG(LKS_LOG_WARN, "speculation: no calibration (the scheduler refused its sequence)");
+    return 0;
+  }
+  // The prefill first (it decodes nothing), then the schedule, as long as the sequence lasts;
+  // a KV pool too small for it never admits it, and the steps run out.
+  int step = 0, idle_steps = 0;
+  while (rc >= 0 && !lks_req_finished(r) && idle_steps < 8) {
+    bool decoding = r->n_fed >= CAL_PROMPT;
+    if ((s->calib_k = decoding ? calibration_k(step, k_max) : 0) < 0) break;
+    rc = lks_sched_step(s);
+    step += decoding;
+    idle_steps = rc == 0 ? idle_steps + 1 : 0;
+  }
+  s->calib_k = -1;
+  lks_req_cancel(r);
+  // One more step frees its slot on every rank; then the prefix cache lets its blocks go.
+  if (rc >= 0) rc = lks_sched_step(s);
+  if (rc >= 0) {
+    Lockstep__Command clear = LOCKSTEP__COMMAND__INIT;
+    clear.type = LOCKSTEP__CMD_TYPE__EP_CMD_CLEAR_CACHE;
+    rc = lks_world_submit(s->w, &clear, NULL);
+  }
+  lks_req_release(r);
+  pthread_mutex_lock(&s->mu);
+  s->st = saved;  // the requests and tokens served start from zero
+  gauges(s);
+  pthread_mutex_unlock(&s->mu);
+  *seconds = lks_clock() - t0;
+  if (rc < 0) return rc;
+  const lks_policy_costs *c = lks_policy_costs_at(s->policy, 1);
+  char rows[256];
+  int n = 0;
+  for (int K = 1; K <= k_max && n < (int)sizeof rows - 32; K++)
+    n += snprintf(rows + n, sizeof rows - (size_t)n, "%s%d: %.2f", K > 1 ? ", " : "", K,
+                  c->row[K] * 1e3);
+  LKS_LOG(LKS_LOG_INFO,
+          "speculation: step costs measured in %.2f s: plain step %.2f ms, draft %.2f ms, verify "
+          "row at K = %s ms%s",
+          *seconds, c->plain * 1e3, c->draft * 1e3, rows,
+          lks_sched_costs_measured(s) ? "" : " (incomplete: the rest is measured while serving)");
+  return 0;
+}
+
+bool lks_sched_costs_measured(const lks_sched *s) {
+  return s->policy && lks_policy_measured(s->policy, 1, s->now.n_drafts);
 }

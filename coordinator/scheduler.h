@@ -134,6 +134,16 @@ int lks_sched_step(lks_sched *s);
 // parameters pass to the request as with lks_sched_submit), steps until it finished, then once
 // more so that its slot is free on every rank. 0, or the error that stopped it.
 int lks_sched_run_one(lks_sched *s, lks_req_params *p);
+// Speculation with the adaptive policy: measures the step costs it chooses K from (plain steps,
+// one draft, verify rows up to --num-drafts, at batch width 1) with one sequence of fixed ids
+// run before any request, so that the first requests need not explore them; what it serves
+// starts from zero (statistics, prefix cache; the policy keeps its acceptance prior). Nothing
+// to do without the policy or with requests already in. *seconds: the time it took. 0, or the
+// world's error.
+int lks_sched_calibrate(lks_sched *s, double *seconds);
+// Whether the policy holds every step cost at batch width 1 up to the levers' draft count (false
+// without the policy).
+bool lks_sched_costs_measured(const lks_sched *s);
 // Any thread. drain: refuse new requests, finish the running ones, then return from run.
 void lks_sched_stop(lks_sched *s, bool drain);
 bool lks_sched_healthy(const lks_sched *s);

@@ -135,6 +135,9 @@ struct lks_sched {
   lks_sched_stats st;
   lks_proposer *proposer;  // NULL when speculation is off
   lks_policy *policy;      // the adaptive K (--spec-gate); NULL: the ladder's K for everyone
+  // lks_sched_calibrate (scheduler thread): the K every decoding sequence drafts this step, its
+  // acceptance left out of the policy's; -1 outside the calibration.
+  int calib_k;
   // JSON mode (scheduler thread): the token trie (NULL without a tokenizer), one row's mask and
   // the masked copy of a logits row.
   lks_json_vocab *json;

@@ -34,10 +34,15 @@
 // one-draft steps at first (three drafts also say roughly what the drafter is worth: with one,
 // a drafter right 9 times in 10 was left unused one time in 10); steps between probes of the
 // neighbouring K, doubled after each probe that left the choice as it was, up to the most; the
-// weight of a new observation in the averages; the acceptance a sequence starts from before the
-// pooled one is known.
+// most observations the pool's acceptance counts as in a new sequence's (1 / ACC_W, the memory
+// of a sequence's own average: with 4, three early misses on the deep model took a new sequence
+// from the pool's 0.82 to 0.66, and it decoded plainly for 5-17 % of its rows); the rounds a new
+// server drafts at the deepest K allowed to learn the acceptance when its costs were measured
+// before any request (after 3, a drafter right 85 % of the time was estimated at 0.65 and left
+// unused for the first 33 rows); the weight of a new observation in the averages; the
+// acceptance a sequence starts from before the pooled one is known.
 enum { POLICY_SAMPLES = 3, POLICY_DRAFT_SAMPLES = 3, POLICY_PROBE_EVERY = 32,
-       POLICY_PROBE_MOST = 512, POLICY_PRIOR_MOST = 4 };
+       POLICY_PROBE_MOST = 512, POLICY_PRIOR_MOST = 10, POLICY_FIRST_DRAFTS = 8 };
 static const double ACC_W = 0.1, ACC_PRIOR = 0.6;
 // The pooled acceptance, every sequence's observations: the starting point of a new sequence,
 // so a long memory (about the last 50 rounds) rather than the last few.
@@ -82,6 +87,7 @@ struct lks_policy {
   int *probe_every, *probe_from;                          // [n_widths]; probe_from: K before it
   double *ceiling;  // [n_widths] the best K's rate over plain's were every draft accepted
   int probe_turn;
+  int first_left;  // steps left to draft for the pool's first observations
   double acc[LKS_MAX_DRAFTS];  // pooled acceptance per position, every sequence's observations
   int n_obs[LKS_MAX_DRAFTS];
   int depth;                   // positions of acc observed (deeper: the last observed one's)
@@ -190,6 +196,7 @@ lks_policy *lks_policy_new(int max_width, int k_max) {
     return NULL;
   }
   for (int j = 0; j < LKS_MAX_DRAFTS; j++) p->acc[j] = ACC_PRIOR;
+  p->first_left = POLICY_FIRST_DRAFTS;
   for (int i = 0; i < max_width; i++) p->probe_every[i] = POLICY_PROBE_EVERY, p->probe_from[i] = -1;
   return p;
 }
@@ -278,6 +285,13 @@ void lks_policy_record(lks_policy *p, int w, int K, int R, double t_propose, dou
   p->n_row[wi][K]++;
 }
 
+bool lks_policy_measured(const lks_policy *p, int w, int k_max) {
+  int wi = width_index(p, w);
+  bool all = p->n_plain[wi] >= POLICY_SAMPLES + 1;  // + the warm-up step
+  for (int K = 1; K <= k_max && K <= p->k_max; K++) all &= p->n_row[wi][K] >= POLICY_DRAFT_SAMPLES;
+  return all;
+}
+
 const lks_policy_costs *lks_policy_costs_at(const lks_policy *p, int w) {
   return &p->c[width_index(p, w)];
 }
@@ -306,6 +320,15 @@ int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, in
   int explore = -1;
   if (p->n_plain[wi] < POLICY_SAMPLES + 1) explore = 0;  // + the warm-up step
   else if (cap >= 1 && p->n_row[wi][1] < POLICY_DRAFT_SAMPLES) explore = 1;
+  // Costs measured before any request (lks_sched_calibrate) leave the acceptance unknown, and
+  // the prior alone may say that no K pays: while the pool has seen fewer drafts than that, and
+  // the costs say a K could pay were every draft right, the deepest K allowed (every position
+  // observed at once).
+  else if (cap >= 1 && p->first_left > 0 && p->n_obs[0] < POLICY_FIRST_DRAFTS &&
+           p->ceiling[wi] > 1 + POLICY_MARGIN) {
+    p->first_left--;
+    explore = cap;
+  }
   // Probe: now and then the K next to the last choice (above, below) or plain decoding, for two
   // steps (the first of a probe from plain decoding catches the drafter up, which is not a
   // step's cost: the scheduler does not record it).

@@ -119,11 +119,11 @@ typedef struct lks_policy_costs {
 
 // A sequence's running acceptance per draft position (each given the ones before it accepted),
 // exponentially weighted; it starts from the pooled acceptance of every sequence so far, which
-// counts as up to four observations once the pool has that many.
+// counts as up to ten observations once the pool has that many.
 typedef struct lks_policy_seq {
   float acc[LKS_MAX_DRAFTS];
   int n_obs[LKS_MAX_DRAFTS];  // observations per position (the first ones weigh more)
-  int n_prior[LKS_MAX_DRAFTS];  // observations the starting value counts as (1 to 4)
+  int n_prior[LKS_MAX_DRAFTS];  // observations the starting value counts as (1 to 10)
   int depth;  // positions [0, depth) observed; deeper ones take the acceptance of depth - 1
   uint64_t rounds;
   int waiting;  // plain steps since it last drafted (the positions its drafter has to catch up)
@@ -149,7 +149,8 @@ void lks_policy_free(lks_policy *p);
 void lks_policy_seq_init(const lks_policy *p, lks_policy_seq *s);
 // K for each of the n sequences of a step (kcap[i]: the most sequence i may draft: the levers,
 // the ladder and the room left before --max-seq-len); returns the deepest. At a width not yet
-// measured, plain steps and then one-draft steps come first; the neighbours of the choice are
+// measured, plain steps and then one-draft steps come first; until the pool has seen a few
+// drafts, and while some K could pay, the deepest K allowed; the neighbours of the choice are
 // probed now and then; otherwise the argmax of lks_policy_choose (a deeper K not yet measured
 // costing, per row, what the one below it does), or plain decoding when that argmax beats it
 // by less than 3%. scratch: n ints.
@@ -160,6 +161,9 @@ void lks_policy_observe(lks_policy *p, lks_policy_seq *s, int k, int accepted);
 // A decode step of w sequences (no prefill rows) with deepest draft count K and R draft rows
 // took t_step seconds, t_propose of them in the drafter (catch-up included).
 void lks_policy_record(lks_policy *p, int w, int K, int R, double t_propose, double t_step);
+// Whether every cost at width w up to k_max drafts has the samples the policy trusts (then it
+// explores none of them).
+bool lks_policy_measured(const lks_policy *p, int w, int k_max);
 // The costs the policy holds for width w (for tests and reports).
 const lks_policy_costs *lks_policy_costs_at(const lks_policy *p, int w);
 

@@ -250,6 +250,58 @@ static int catchup_test(lks_world *w, const int32_t *prompt, int n) {
   return rc;
 }
 
+// The policy's costs measured before any request (lks_sched_calibrate, as serve and bench run
+// it): every cost up to K = 3 measured; nothing served shows (no request, token or round counted)
+// and every KV block of both caches is free again; then the prompt's tokens with the policy
+// equal those without speculation.
+static int calibrate_test(lks_world *w, const int32_t *prompt, int n, int n_gen, sink *base,
+                          sink *got) {
+  lks_spec_stats st;
+  policy = false;
+  temperature = 0;
+  if (run(w, "off", 0, prompt, n, n_gen, base, &st) < 0 || clear_cache(w) < 0) return -1;
+  int t0, d0, t1, d1;
+  lks_engine_free_blocks(w->engine, &t0, &d0);
+  lks_sched_opts o;
+  lks_sched_opts_from(w->settings, &o);
+  snprintf(o.spec, sizeof o.spec, "mtp");
+  o.n_drafts = 3;
+  o.gate = true;
+  lks_sched *sched = lks_sched_new(w, NULL, &o);
+  if (!sched) return -1;
+  bool before = lks_sched_costs_measured(sched);
+  double secs = 0;
+  int rc = lks_sched_calibrate(sched, &secs);
+  bool measured = lks_sched_costs_measured(sched);
+  lks_sched_stats ss;
+  lks_sched_stats_get(sched, &ss);
+  bool quiet = ss.requests_done == 0 && ss.requests_cancelled == 0 && ss.generated_tokens == 0 &&
+               ss.prompt_tokens == 0 && ss.spec.rounds == 0 && ss.spec.plain_steps == 0;
+  lks_engine_free_blocks(w->engine, &t1, &d1);
+  bool freed = t0 == t1 && d0 == d1;
+  lks_req_params p = {0};
+  if (rc == 0 && !(p.prompt = malloc((size_t)n * sizeof *prompt))) rc = -1;
+  if (rc == 0) {
+    memcpy(p.prompt, prompt, (size_t)n * sizeof *prompt);
+    p.n_prompt = n;
+    p.max_tokens = n_gen;
+    p.ignore_eos = true;
+    p.sampling = (lks_sampling){0, 0, 1};
+    p.on_token = collect;
+    p.on_token_ctx = got;
+    got->n = 0;
+    rc = lks_sched_run_one(sched, &p);
+  }
+  lks_sched_free(sched);
+  bool ok = rc == 0 && !before && measured && quiet && freed && same(got, base);
+  printf("calibration (%.3f s): costs measured %s, statistics untouched %s, KV blocks free %d/%d "
+         "(target), %d/%d (drafter), tokens with the policy after it %s: %s\n",
+         secs, measured && !before ? "yes" : "no", quiet ? "yes" : "no", t1, t0, d1, d0,
+         same(got, base) ? "identical" : "DIFFER", ok ? "ok" : "FAIL");
+  failures += !ok;
+  return rc;
+}
+
 // LEAK_SEQS sequences decoded speculatively and freed: every KV block of both caches free again
 // (after the prefix cache lets go of what it keeps).
 static int leak_test(lks_world *w, int leak, int vocab, sink *got) {
@@ -348,6 +400,7 @@ int main(int argc, char **argv) {
   int32_t cprompt[12];
   for (int j = 0; j < 12; j++) cprompt[j] = (int32_t)((j * 37 + 5) % vocab);
   if (catchup_test(w, cprompt, 12) < 0) goto fail;
+  if (calibrate_test(w, cprompt, 12, n_gen, &base, &got) < 0) goto fail;
   if (leak > 0 && leak_test(w, leak, vocab, &got) < 0) goto fail;
   if (levers_test(w, &got) < 0) goto fail;
   free(base.tok);
