@@ -36,10 +36,10 @@
 // neighbouring K, doubled after each probe that left the choice as it was, up to the most; the
 // most observations the pool's acceptance counts as in a new sequence's (1 / ACC_W, the memory
 // of a sequence's own average: with 4, three early misses on the deep model took a new sequence
-// from the pool's 0.82 to 0.66, and it decoded plainly for 5-17 % of its rows); the rounds a new
-// server drafts at the deepest K allowed to learn the acceptance when its costs were measured
-// before any request (after 3, a drafter right 85 % of the time was estimated at 0.65 and left
-// unused for the first 33 rows); the weight of a new observation in the averages; the
+// from the pool's 0.82 to 0.66, and it decoded plainly for 5-17 % of its rows); the rounds the
+// pool must have seen before the choice stops being optimistic (see lks_policy_pick: without
+// it, a new server whose costs were measured before any request left a drafter right 85 % of
+// the time unused for its first 33 rows); the weight of a new observation in the averages; the
 // acceptance a sequence starts from before the pooled one is known.
 enum { POLICY_SAMPLES = 3, POLICY_DRAFT_SAMPLES = 3, POLICY_PROBE_EVERY = 32,
        POLICY_PROBE_MOST = 512, POLICY_PRIOR_MOST = 10, POLICY_FIRST_DRAFTS = 8 };
@@ -87,7 +87,6 @@ struct lks_policy {
   int *probe_every, *probe_from;                          // [n_widths]; probe_from: K before it
   double *ceiling;  // [n_widths] the best K's rate over plain's were every draft accepted
   int probe_turn;
-  int first_left;  // steps left to draft for the pool's first observations
   double acc[LKS_MAX_DRAFTS];  // pooled acceptance per position, every sequence's observations
   int n_obs[LKS_MAX_DRAFTS];
   int depth;                   // positions of acc observed (deeper: the last observed one's)
@@ -196,7 +195,6 @@ lks_policy *lks_policy_new(int max_width, int k_max) {
     return NULL;
   }
   for (int j = 0; j < LKS_MAX_DRAFTS; j++) p->acc[j] = ACC_PRIOR;
-  p->first_left = POLICY_FIRST_DRAFTS;
   for (int i = 0; i < max_width; i++) p->probe_every[i] = POLICY_PROBE_EVERY, p->probe_from[i] = -1;
   return p;
 }
@@ -320,15 +318,6 @@ int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, in
   int explore = -1;
   if (p->n_plain[wi] < POLICY_SAMPLES + 1) explore = 0;  // + the warm-up step
   else if (cap >= 1 && p->n_row[wi][1] < POLICY_DRAFT_SAMPLES) explore = 1;
-  // Costs measured before any request (lks_sched_calibrate) leave the acceptance unknown, and
-  // the prior alone may say that no K pays: while the pool has seen fewer drafts than that, and
-  // the costs say a K could pay were every draft right, the deepest K allowed (every position
-  // observed at once).
-  else if (cap >= 1 && p->first_left > 0 && p->n_obs[0] < POLICY_FIRST_DRAFTS &&
-           p->ceiling[wi] > 1 + POLICY_MARGIN) {
-    p->first_left--;
-    explore = cap;
-  }
   // Probe: now and then the K next to the last choice (above, below) or plain decoding, for two
   // steps (the first of a probe from plain decoding catches the drafter up, which is not a
   // step's cost: the scheduler does not record it).
@@ -361,6 +350,17 @@ int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, in
     return 0;
   }
   for (int i = 0; i < n; i++) memcpy(acc[i], s[i]->acc, sizeof acc[i]);
+  // Optimism while little is known: until the pool has seen POLICY_FIRST_DRAFTS rounds, the
+  // choice takes every acceptance 0.5 / (rounds + 1) higher. With the costs measured before any
+  // request (lks_sched_calibrate) nothing above explores, and the prior 0.6 alone may say no K
+  // pays: a new server then drafts at once, a drafter that is right keeps it drafting, and one
+  // that is wrong stops it after a round or two.
+  if (p->n_obs[0] < POLICY_FIRST_DRAFTS)
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < LKS_MAX_DRAFTS; j++) {
+        float a = acc[i][j] + 0.5f / (float)(p->n_obs[0] + 1);
+        acc[i][j] = a < 1 ? a : 1;
+      }
   // A deeper K's row cost until it is measured. For the choice, optimistic: the deepest
   // measured K's extra verify time spread over K rows (an MoE verify's union of experts grows
   // more slowly than its rows: on the deep model 2 rows cost 1.6 plain steps, 4 rows 1.9), so

@@ -150,7 +150,7 @@ void lks_policy_seq_init(const lks_policy *p, lks_policy_seq *s);
 // K for each of the n sequences of a step (kcap[i]: the most sequence i may draft: the levers,
 // the ladder and the room left before --max-seq-len); returns the deepest. At a width not yet
 // measured, plain steps and then one-draft steps come first; until the pool has seen a few
-// drafts, and while some K could pay, the deepest K allowed; the neighbours of the choice are
+// drafts, the choice is optimistic about their acceptance; the neighbours of the choice are
 // probed now and then; otherwise the argmax of lks_policy_choose (a deeper K not yet measured
 // costing, per row, what the one below it does), or plain decoding when that argmax beats it
 // by less than 3%. scratch: n ints.
