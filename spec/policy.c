@@ -350,15 +350,18 @@ int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, in
     return 0;
   }
   for (int i = 0; i < n; i++) memcpy(acc[i], s[i]->acc, sizeof acc[i]);
-  // Optimism while little is known: until the pool has seen POLICY_FIRST_DRAFTS rounds, the
-  // choice takes every acceptance 0.5 / (rounds + 1) higher. With the costs measured before any
-  // request (lks_sched_calibrate) nothing above explores, and the prior 0.6 alone may say no K
-  // pays: a new server then drafts at once, a drafter that is right keeps it drafting, and one
-  // that is wrong stops it after a round or two.
-  if (p->n_obs[0] < POLICY_FIRST_DRAFTS)
-    for (int i = 0; i < n; i++)
-      for (int j = 0; j < LKS_MAX_DRAFTS; j++) {
-        float a = acc[i][j] + 0.5f / (float)(p->n_obs[0] + 1);
+  // Optimism while little is known: until the pool has seen POLICY_FIRST_DRAFTS rounds at a
+  // draft position, the choice takes its acceptance 0.5 / (rounds + 1) higher. With the costs
+  // measured before any request (lks_sched_calibrate) nothing above explores, and the prior 0.6
+  // alone may say no K pays: a new server then drafts at once, a drafter that is right keeps it
+  // drafting, and one that is wrong stops it after a round or two. Per position, because a
+  // deeper one is observed only when the drafts before it were accepted: on the deep model one
+  // early miss at position 2 left it (and 3, which follows it) at 0.27, and the server drafted
+  // one token a round for 150 steps where three paid x1.5.
+  for (int j = 0; j < LKS_MAX_DRAFTS; j++)
+    if (p->n_obs[j] < POLICY_FIRST_DRAFTS)
+      for (int i = 0; i < n; i++) {
+        float a = acc[i][j] + 0.5f / (float)(p->n_obs[j] + 1);
         acc[i][j] = a < 1 ? a : 1;
       }
   // A deeper K's row cost until it is measured. For the choice, optimistic: the deepest
