@@ -330,6 +330,35 @@ static int drafted_steps(lks_policy *p, int steps, int miss) {
   return drafted;
 }
 
+// A plain cost measured while the machine ran slow: calibrated at plain 20 ms (draft 1 ms, a
+// verify row 5 ms), then the machine runs at plain 10 ms, where a drafter right half the time
+// does not pay (K = 1: 1.5 tokens in 16 ms). While it drafts, the policy's plain steps bring
+// the plain cost back to 10 ms and it decodes plainly; with the stale 20 ms every verify row
+// looked free and it drafted on.
+START_TEST(policy_plain_cost_stays_fresh) {
+  lks_policy *p = lks_policy_new(1, LKS_MAX_DRAFTS);
+  ck_assert_ptr_nonnull(p);
+  lks_policy_record(p, 1, 0, 0, 0, 0.040);  // the warm-up
+  for (int round = 0; round < 4; round++) {
+    lks_policy_record(p, 1, 0, 0, 0, 0.020);
+    for (int K = 1; K <= 3; K++) lks_policy_record(p, 1, K, K, K * 0.001, 0.020 + K * 0.006);
+  }
+  lks_policy_seq a;
+  lks_policy_seq_init(p, &a);
+  lks_policy_seq *seqs[1] = {&a};
+  int kcap[1] = {3}, k[1], scratch[1], late = 0, n_round = 0;
+  for (int step = 0; step < 400; step++) {
+    int K = lks_policy_pick(p, seqs, kcap, 1, k, scratch);
+    lks_policy_record(p, 1, K, K, K * 0.001, 0.010 + K * 0.006);
+    if (K) lks_policy_observe(p, &a, K, ++n_round % 2 ? 1 < K ? 1 : K : 0);
+    if (step >= 300) late += K > 0;
+  }
+  ck_assert(fabs(lks_policy_costs_at(p, 1)->plain - 0.010) < 1e-9);
+  ck_assert_msg(late <= 4, "%d of the last 100 steps drafted", late);
+  lks_policy_free(p);
+}
+END_TEST
+
 START_TEST(policy_first_drafts_after_calibration) {
   lks_policy *p = lks_policy_new(1, LKS_MAX_DRAFTS);
   ck_assert_ptr_nonnull(p);
@@ -383,6 +412,7 @@ int main(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, rejection_sampling_is_lossless);
   tcase_add_test(tc, policy_first_drafts_after_calibration);
+  tcase_add_test(tc, policy_plain_cost_stays_fresh);
   tcase_add_test(tc, rejection_edge_cases);
   tcase_add_test(tc, greedy_acceptance);
   tcase_add_test(tc, ladder);
