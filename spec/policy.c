@@ -14,15 +14,17 @@
 // reaches it), then the best K. A plain row in a batch that verifies others adds nothing to R:
 // it costs what it costs in a plain step (the shared plain(w)).
 //
-// The costs are medians per batch width of the last samples the scheduler measures on rank 0:
-// plain steps (after one warm-up step, not counted) and one-draft steps are measured first; a
+// The costs are medians per batch width of the last samples the scheduler measures on rank 0,
+// at width 1 before any request (lks_sched_calibrate); at a width not measured yet, plain steps
+// (after one warm-up step, not counted) and one-draft steps are measured first; a
 // deeper K's row cost, until measured, is the one below it (it is tried when that says it
 // pays), and the neighbours of the chosen K are
 // probed now and then so that the averages follow the machine: after 32 steps, then after twice
 // as many each time a probe leaves the choice as it was (up to 512), after 32 again when it
 // changes it; after 512 while the costs say no K could pay even if every draft were accepted,
-// and from plain decoding the less often the less any K could gain (probe_interval).
-// Nothing here changes tokens: the verify rule makes the output independent of K.
+// and from plain decoding the less often the less any K could gain (probe_interval); while
+// sequences draft, one step in POLICY_PLAIN_EVERY decodes plainly. Nothing here changes
+// tokens: the verify rule makes the output independent of K.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

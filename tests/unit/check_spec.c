@@ -307,14 +307,6 @@ END_TEST
 // optimistic while its pool has seen few rounds: a drafter right 9 times in 10 drafts from the
 // first step on (without the optimism it decoded plainly until the first probe, 32 steps), one
 // that is always wrong stops after its first round.
-static void calibrated(lks_policy *p) {
-  lks_policy_record(p, 1, 0, 0, 0, 0.020);  // the warm-up
-  for (int round = 0; round < 4; round++) {
-    lks_policy_record(p, 1, 0, 0, 0, 0.010);
-    for (int K = 1; K <= 3; K++) lks_policy_record(p, 1, K, K, K * 0.001, 0.010 + K * 0.006);
-  }
-}
-
 // Steps of the first `steps` that drafted, the drafter right except every `miss`-th round
 // (miss 1: always wrong).
 static int drafted_steps(lks_policy *p, int steps, int miss) {
@@ -330,6 +322,17 @@ static int drafted_steps(lks_policy *p, int steps, int miss) {
   return drafted;
 }
 
+// The samples lks_sched_calibrate gives the policy: a warm-up plain step (twice as slow), then 4
+// rounds of a plain step of `plain` seconds and K = 1..3 steps, a draft 1 ms and a verify row
+// 5 ms each.
+static void calibrated(lks_policy *p, double plain) {
+  lks_policy_record(p, 1, 0, 0, 0, 2 * plain);
+  for (int round = 0; round < 4; round++) {
+    lks_policy_record(p, 1, 0, 0, 0, plain);
+    for (int K = 1; K <= 3; K++) lks_policy_record(p, 1, K, K, K * 0.001, plain + K * 0.006);
+  }
+}
+
 // A plain cost measured while the machine ran slow: calibrated at plain 20 ms (draft 1 ms, a
 // verify row 5 ms), then the machine runs at plain 10 ms, where a drafter right half the time
 // does not pay (K = 1: 1.5 tokens in 16 ms). While it drafts, the policy's plain steps bring
@@ -338,11 +341,7 @@ static int drafted_steps(lks_policy *p, int steps, int miss) {
 START_TEST(policy_plain_cost_stays_fresh) {
   lks_policy *p = lks_policy_new(1, LKS_MAX_DRAFTS);
   ck_assert_ptr_nonnull(p);
-  lks_policy_record(p, 1, 0, 0, 0, 0.040);  // the warm-up
-  for (int round = 0; round < 4; round++) {
-    lks_policy_record(p, 1, 0, 0, 0, 0.020);
-    for (int K = 1; K <= 3; K++) lks_policy_record(p, 1, K, K, K * 0.001, 0.020 + K * 0.006);
-  }
+  calibrated(p, 0.020);
   lks_policy_seq a;
   lks_policy_seq_init(p, &a);
   lks_policy_seq *seqs[1] = {&a};
@@ -363,7 +362,7 @@ START_TEST(policy_first_drafts_after_calibration) {
   lks_policy *p = lks_policy_new(1, LKS_MAX_DRAFTS);
   ck_assert_ptr_nonnull(p);
   ck_assert(!lks_policy_measured(p, 1, 3));
-  calibrated(p);
+  calibrated(p, 0.010);
   ck_assert(lks_policy_measured(p, 1, 3));
   ck_assert(!lks_policy_measured(p, 1, 4));
   const lks_policy_costs *c = lks_policy_costs_at(p, 1);
@@ -373,7 +372,7 @@ START_TEST(policy_first_drafts_after_calibration) {
   ck_assert_msg(good >= 28, "a good drafter drafted %d of the first 30 steps", good);
   lks_policy_free(p);
   p = lks_policy_new(1, LKS_MAX_DRAFTS);
-  calibrated(p);
+  calibrated(p, 0.010);
   int bad = drafted_steps(p, 30, 1);
   ck_assert_msg(bad >= 1 && bad <= 2, "a drafter always wrong drafted %d of the first 30 steps", bad);
   lks_policy_free(p);
