@@ -345,8 +345,8 @@ static int bench_spec(lks_world *w, const lks_sched_opts *so, const char *spec,
   snprintf(sp.spec, sizeof sp.spec, "%s", spec);
   lks_sched *srv = rc == 0 ? lks_sched_new(w, NULL, &sp) : NULL;
   if (rc == 0 && !srv) rc = -1;
-  md->t_calibrate = 0;
-  if (rc == 0) rc = lks_sched_calibrate(srv, &md->t_calibrate);  // as serve does before its port opens
+  double t_cal = 0;
+  if (rc == 0) rc = lks_sched_calibrate(srv, &t_cal);  // as serve does before its port opens
   for (int r = 0; rc == 0 && r < reps; r++) {
     bench_clock bc = {w, 0, 0, 0, 0, 0, 0};
     lks_spec_stats pst;
@@ -366,7 +366,7 @@ static int bench_spec(lks_world *w, const lks_sched_opts *so, const char *spec,
   if (rc == 0)
     *md = (spec_medians){median(a + w0, reps - w0), median(b + w0, reps - w0),
                          median(rp + w0, reps - w0), median(rs + w0, reps - w0),
-                         median(ra + w0, reps - w0), ra[0], reps - w0, md->t_calibrate};
+                         median(ra + w0, reps - w0), ra[0], reps - w0, t_cal};
   free(v);
   return rc;
 }

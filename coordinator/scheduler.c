@@ -351,14 +351,19 @@ static int attach(lks_sched *s, int n_alloc) {
   return 0;
 }
 
+// Drops what the prefix cache keeps, on every rank.
+static int clear_cache(lks_sched *s) {
+  Lockstep__Command clear = LOCKSTEP__COMMAND__INIT;
+  clear.type = LOCKSTEP__CMD_TYPE__EP_CMD_CLEAR_CACHE;
+  return lks_world_submit(s->w, &clear, NULL);
+}
+
 // Announce: the slot changes, cached prefixes and the levers, on every rank, before this step's
 // forward.
 static int announce(lks_sched *s, int n_free, int n_alloc, bool levers) {
   LKS_TRY(lks_world_slots(s->w, LOCKSTEP__CMD_TYPE__EP_CMD_FREE_SLOT, s->m.to_free, n_free));
   if (s->clear_now) {
-    Lockstep__Command clear = LOCKSTEP__COMMAND__INIT;
-    clear.type = LOCKSTEP__CMD_TYPE__EP_CMD_CLEAR_CACHE;
-    LKS_TRY(lks_world_submit(s->w, &clear, NULL));
+    LKS_TRY(clear_cache(s));
     s->clear_now = false;
   }
   LKS_TRY(lks_world_slots(s->w, LOCKSTEP__CMD_TYPE__EP_CMD_ALLOC_SLOT, s->m.to_alloc, n_alloc));
@@ -962,9 +967,10 @@ int lks_sched_calibrate(lks_sched *s, double *seconds) {
   for (int i = 0; i < s->n_slots && idle; i++) idle = s->slot[i] == NULL;
   if (!s->policy || !s->now.speculation || k_max < 1 || !idle) return 0;
   // One sequence of CAL_PROMPT fixed ids, greedy, long enough for every step (at most K + 1
-  // tokens each), within --max-seq-len.
+  // tokens each: a round's two plain steps, its catch-up at k_max and K = 1..k_max), within
+  // --max-seq-len.
   enum { CAL_PROMPT = 8 };
-  int need = 1 + CAL_ROUNDS * (2 + 2 * (k_max + 1) + k_max * (k_max + 3) / 2);
+  int need = 1 + CAL_ROUNDS * (2 + (k_max + 1) + k_max * (k_max + 3) / 2);
   int room = s->o.max_len - CAL_PROMPT - LKS_MAX_DRAFTS - 2;
   if (room < 8) return 0;
   lks_req_params p = {0};
@@ -999,11 +1005,7 @@ int lks_sched_calibrate(lks_sched *s, double *seconds) {
   lks_req_cancel(r);
   // One more step frees its slot on every rank; then the prefix cache lets its blocks go.
   if (rc >= 0) rc = lks_sched_step(s);
-  if (rc >= 0) {
-    Lockstep__Command clear = LOCKSTEP__COMMAND__INIT;
-    clear.type = LOCKSTEP__CMD_TYPE__EP_CMD_CLEAR_CACHE;
-    rc = lks_world_submit(s->w, &clear, NULL);
-  }
+  if (rc >= 0) rc = clear_cache(s);
   lks_req_release(r);
   pthread_mutex_lock(&s->mu);
   s->st = saved;  // the requests and tokens served start from zero

@@ -193,9 +193,9 @@ lks_policy *lks_policy_new(int max_width, int k_max) {
   p->probe_every = calloc(n, sizeof *p->probe_every);
   p->probe_from = calloc(n, sizeof *p->probe_from);
   p->ceiling = calloc(n, sizeof *p->ceiling);
-  if (!p->c || !p->r || !p->n_plain || !p->n_draft || !p->n_row || !p->since_probe || !p->since_plain ||
-      !p->last_k || !p->probe_k || !p->probe_left || !p->probe_every || !p->probe_from ||
-      !p->ceiling) {
+  if (!p->c || !p->r || !p->n_plain || !p->n_draft || !p->n_row || !p->since_probe ||
+      !p->since_plain || !p->last_k || !p->probe_k || !p->probe_left || !p->probe_every ||
+      !p->probe_from || !p->ceiling) {
     lks_policy_free(p);
     lks_set_error(LKS_ENOMEM, "policy: out of memory");
     return NULL;

@@ -85,8 +85,8 @@ static void log_drafts(void *ctx, int slot, int n_generated, const int32_t *d, i
   }
 }
 
-static int run(lks_world *w, const char *spec, int k, const int32_t *prompt, int n, int n_gen,
-               sink *out, lks_spec_stats *st) {
+// A scheduler with proposer `spec` drafting up to k tokens, under the switches above.
+static lks_sched *new_sched(lks_world *w, const char *spec, int k) {
   lks_sched_opts o;
   lks_sched_opts_from(w->settings, &o);
   snprintf(o.spec, sizeof o.spec, "%s", spec);
@@ -95,8 +95,11 @@ static int run(lks_world *w, const char *spec, int k, const int32_t *prompt, int
   o.force_k = force;
   o.on_drafts = log_drafts;
   o.mtp_backlog = backlog;
-  lks_sched *sched = lks_sched_new(w, NULL, &o);
-  if (!sched) return -1;
+  return lks_sched_new(w, NULL, &o);
+}
+
+// The prompt's n_gen tokens through sched into out (sampling at `temperature`, seed 7).
+static int run_in(lks_sched *sched, const int32_t *prompt, int n, int n_gen, sink *out) {
   lks_req_params p = {0};
   p.prompt = malloc((size_t)n * sizeof *prompt);
   if (!p.prompt) return -1;
@@ -109,7 +112,14 @@ static int run(lks_world *w, const char *spec, int k, const int32_t *prompt, int
   p.on_token = collect;
   p.on_token_ctx = out;
   out->n = 0;
-  int rc = lks_sched_run_one(sched, &p);
+  return lks_sched_run_one(sched, &p);
+}
+
+static int run(lks_world *w, const char *spec, int k, const int32_t *prompt, int n, int n_gen,
+               sink *out, lks_spec_stats *st) {
+  lks_sched *sched = new_sched(w, spec, k);
+  if (!sched) return -1;
+  int rc = run_in(sched, prompt, n, n_gen, out);
   lks_sched_stats ss;
   lks_sched_stats_get(sched, &ss);
   *st = ss.spec;
@@ -262,12 +272,9 @@ static int calibrate_test(lks_world *w, const int32_t *prompt, int n, int n_gen,
   if (run(w, "off", 0, prompt, n, n_gen, base, &st) < 0 || clear_cache(w) < 0) return -1;
   int t0, d0, t1, d1;
   lks_engine_free_blocks(w->engine, &t0, &d0);
-  lks_sched_opts o;
-  lks_sched_opts_from(w->settings, &o);
-  snprintf(o.spec, sizeof o.spec, "mtp");
-  o.n_drafts = 3;
-  o.gate = true;
-  lks_sched *sched = lks_sched_new(w, NULL, &o);
+  policy = true;
+  lks_sched *sched = new_sched(w, "mtp", 3);
+  policy = false;
   if (!sched) return -1;
   bool before = lks_sched_costs_measured(sched);
   double secs = 0;
@@ -279,19 +286,7 @@ static int calibrate_test(lks_world *w, const int32_t *prompt, int n, int n_gen,
                ss.prompt_tokens == 0 && ss.spec.rounds == 0 && ss.spec.plain_steps == 0;
   lks_engine_free_blocks(w->engine, &t1, &d1);
   bool freed = t0 == t1 && d0 == d1;
-  lks_req_params p = {0};
-  if (rc == 0 && !(p.prompt = malloc((size_t)n * sizeof *prompt))) rc = -1;
-  if (rc == 0) {
-    memcpy(p.prompt, prompt, (size_t)n * sizeof *prompt);
-    p.n_prompt = n;
-    p.max_tokens = n_gen;
-    p.ignore_eos = true;
-    p.sampling = (lks_sampling){0, 0, 1};
-    p.on_token = collect;
-    p.on_token_ctx = got;
-    got->n = 0;
-    rc = lks_sched_run_one(sched, &p);
-  }
+  if (rc == 0) rc = run_in(sched, prompt, n, n_gen, got);
   lks_sched_free(sched);
   bool ok = rc == 0 && !before && measured && quiet && freed && same(got, base);
   printf("calibration (%.3f s): costs measured %s, statistics untouched %s, KV blocks free %d/%d "

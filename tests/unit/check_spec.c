@@ -374,7 +374,8 @@ START_TEST(policy_first_drafts_after_calibration) {
   p = lks_policy_new(1, LKS_MAX_DRAFTS);
   calibrated(p, 0.010);
   int bad = drafted_steps(p, 30, 1);
-  ck_assert_msg(bad >= 1 && bad <= 2, "a drafter always wrong drafted %d of the first 30 steps", bad);
+  ck_assert_msg(bad >= 1 && bad <= 2, "a drafter always wrong drafted %d of the first 30 steps",
+                bad);
   lks_policy_free(p);
 }
 END_TEST
