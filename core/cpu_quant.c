@@ -8,7 +8,7 @@
 // (or over the whole row for per-row scales) and each block's partial sum is multiplied by its
 // scale times 2^8: sum_b (256 s_b) * (sum_{k in b} 2^-8 e4m3(w_k) x_k). NaN codes (never written
 // by a quantizer) are not detected here.
-// NVFP4: the 16 E2M1 values are a lookup table (one permute on AVX-512; the 8 magnitudes and a
+// NVFP4: the 16 E2M1 values are a lookup table (a permute on AVX-512, below; the 8 magnitudes and a
 // sign bit on AVX2; TBL of twice the values as bytes on NEON); each group's values are multiplied by its E4M3 scale (exact: 2- and 4-bit
 // mantissas) before the FMA with x.
 #include "core/cpu_quant.h"
@@ -296,36 +296,82 @@ AVX512 static void fp8_avx512(const uint8_t *w, const float *bs, int64_t blk,
   }
 }
 
-// 16 codes from 8 bytes (low nibble first): each byte twice, shifted by 0 and 4; the permute
-// reads the low four bits.
-AVX512 INLINE __m512 fp4x16_avx512(const uint8_t *p, __m512 lut, __m512 s) {
-  __m128i d = _mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)p),
-                               _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7));
-  __m512i v = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(d),
-                                _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4));
-  return _mm512_mul_ps(_mm512_permutexvar_ps(v, lut), s);
+// NVFP4 on AVX-512, 32 columns (two groups, 16 code bytes) a step. Byte i's low nibble is
+// column 2i, its high nibble column 2i+1: the bytes widened to 32 bits are the permute's
+// indices for the even columns as they are (it reads the low four bits) and, shifted by 4, for
+// the odd ones, so the codes are never duplicated; x is split into its even and odd columns
+// instead (two permutes a step, shared by every weight row of a call). Per step:
+//   p = e2m1(lo) * x_even + e2m1(hi) * x_odd,   acc += p * s
+// where s holds each lane's group scale (the step's two groups' in lanes 0-7 and 8-15, two
+// broadcasts of a table entry, no permute). The steps alternate between two accumulators; a
+// row's last group, when the row has an odd number, is a half step into the second: its other
+// group is zero codes, zero columns and a zero scale.
+
+// One step's codes: 16 bytes, or 8 (the upper 8 zero) for a row's odd last group.
+AVX512 INLINE __m512i nv_codes(const uint8_t *p, bool half) {
+  return _mm512_cvtepu8_epi32(half ? _mm_loadl_epi64((const __m128i *)p)
+                                   : _mm_loadu_si128((const __m128i *)p));
 }
+
+// x's columns c .. c + 31 (c .. c + 15 and zeros for a half step) split into even and odd.
+AVX512 INLINE void nv_x(const float *x, bool half, __m512 *xe, __m512 *xo) {
+  const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  __m512 x0 = _mm512_loadu_ps(x), x1 = half ? _mm512_setzero_ps() : _mm512_loadu_ps(x + 16);
+  *xe = _mm512_permutex2var_ps(x0, ie, x1);
+  *xo = _mm512_permutex2var_ps(x0, io, x1);
+}
+
+// The scales of groups g and g + 1 in lanes 0-7 and 8-15 (zero for g + 1 in a half step).
+AVX512 INLINE __m512 nv_scale2(const uint8_t *gs, int64_t g, bool half) {
+  __m512 s = _mm512_set1_ps(e4m3_lut[gs[g]]);
+  return half ? _mm512_maskz_mov_ps(0x00FF, s)
+              : _mm512_mask_mov_ps(s, 0xFF00, _mm512_set1_ps(e4m3_lut[gs[g + 1]]));
+}
+
+// One step's weights: e2m1 of the low nibbles (even columns) and of the high ones (odd columns)
+// times their group's scale (exact: 2- and 4-bit mantissas).
+AVX512 INLINE void nv_weights(__m512i c, __m512 lut, __m512 s, __m512 *lo, __m512 *hi) {
+  *lo = _mm512_mul_ps(_mm512_permutexvar_ps(c, lut), s);
+  *hi = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), lut), s);
+}
+
+// acc + lo * xe + hi * xo: the arithmetic of every NVFP4 step.
+AVX512 INLINE __m512 nv_fma(__m512 lo, __m512 hi, __m512 xe, __m512 xo, __m512 acc) {
+  return _mm512_fmadd_ps(hi, xo, _mm512_fmadd_ps(lo, xe, acc));
+}
+
+// One step of the NX-row kernel into accumulator A (0 or 1, a constant: the accumulators stay in
+// registers).
+#define NV_N_STEP(g, half, A)                                                       \
+  do {                                                                              \
+    __m512 lo_, hi_;                                                                \
+    nv_weights(nv_codes(w + (g) * 8, half), lut, nv_scale2(gs, g, half), &lo_, &hi_); \
+    for (int t = 0; t < NX; t++) {                                                  \
+      __m512 xe, xo;                                                                \
+      nv_x(x[t] + (g) * 16, half, &xe, &xo);                                        \
+      acc[t][A] = nv_fma(lo_, hi_, xe, xo, acc[t][A]);                              \
+    }                                                                               \
+  } while (0)
 
 AVX512 INLINE void nvfp4_avx512_n(const uint8_t *w, const uint8_t *gs, const float *const *x,
                                   int64_t K, float *out, const int NX) {
-  __m512 lut = _mm512_loadu_ps(e2m1_lut);
+  const __m512 lut = _mm512_loadu_ps(e2m1_lut);
   __m512 acc[4][2];
   for (int t = 0; t < NX; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
-  int64_t G = K / 16, g = 0;
-  for (; g + 2 <= G; g += 2) {
-    __m512 w0 = fp4x16_avx512(w + g * 8, lut, _mm512_set1_ps(e4m3_lut[gs[g]]));
-    __m512 w1 = fp4x16_avx512(w + g * 8 + 8, lut, _mm512_set1_ps(e4m3_lut[gs[g + 1]]));
-    for (int t = 0; t < NX; t++) {
-      acc[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + g * 16), acc[t][0]);
-      acc[t][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[t] + g * 16 + 16), acc[t][1]);
-    }
+  const int64_t G = K / 16;
+  int64_t g = 0;
+  for (; g + 4 <= G; g += 4) {
+    NV_N_STEP(g, false, 0);
+    NV_N_STEP(g + 2, false, 1);
   }
-  if (g < G) {
-    __m512 w0 = fp4x16_avx512(w + g * 8, lut, _mm512_set1_ps(e4m3_lut[gs[g]]));
-    for (int t = 0; t < NX; t++)
-      acc[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + g * 16), acc[t][0]);
+  if (g + 2 <= G) {
+    NV_N_STEP(g, false, 0);
+    g += 2;
   }
-  for (int t = 0; t < NX; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
+  if (g < G) NV_N_STEP(g, true, 1);
+  for (int t = 0; t < NX; t++)
+    out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
 }
 
 AVX512 static void nvfp4_avx512(const uint8_t *w, const uint8_t *gs, const float *const *x, int nx,
@@ -389,32 +435,39 @@ AVX512 static void fp8_avx512_rows(const uint8_t *const *w, const float *const *
   }
 }
 
+// One step of the NW-row kernel into accumulator A.
+#define NV_W_STEP(g, half, A)                                                                \
+  do {                                                                                       \
+    __m512 xe, xo;                                                                           \
+    nv_x(x + (g) * 16, half, &xe, &xo);                                                      \
+    LKS_UNROLL                                                                               \
+    for (int r = 0; r < NW; r++) {                                                           \
+      __m512 lo_, hi_;                                                                       \
+      nv_weights(nv_codes(w[r] + (g) * 8, half), lut, nv_scale2(gs[r], g, half), &lo_, &hi_); \
+      acc[r][A] = nv_fma(lo_, hi_, xe, xo, acc[r][A]);                                       \
+    }                                                                                        \
+  } while (0)
+
 AVX512 INLINE void nvfp4_avx512_w(const uint8_t *const *w, const uint8_t *const *gs,
                                   const float *x, int64_t K, float *out, const int NW) {
-  __m512 lut = _mm512_loadu_ps(e2m1_lut);
+  const __m512 lut = _mm512_loadu_ps(e2m1_lut);
   __m512 acc[4][2];
   LKS_UNROLL
   for (int r = 0; r < NW; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  int64_t G = K / 16, g = 0;
-  for (; g + 2 <= G; g += 2) {
-    __m512 x0 = _mm512_loadu_ps(x + g * 16), x1 = _mm512_loadu_ps(x + g * 16 + 16);
-    LKS_UNROLL
-    for (int r = 0; r < NW; r++) {
-      __m512 w0 = fp4x16_avx512(w[r] + g * 8, lut, _mm512_set1_ps(e4m3_lut[gs[r][g]]));
-      __m512 w1 = fp4x16_avx512(w[r] + g * 8 + 8, lut, _mm512_set1_ps(e4m3_lut[gs[r][g + 1]]));
-      acc[r][0] = _mm512_fmadd_ps(w0, x0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(w1, x1, acc[r][1]);
-    }
+  const int64_t G = K / 16;
+  int64_t g = 0;
+  for (; g + 4 <= G; g += 4) {
+    NV_W_STEP(g, false, 0);
+    NV_W_STEP(g + 2, false, 1);
   }
-  if (g < G) {
-    __m512 x0 = _mm512_loadu_ps(x + g * 16);
-    LKS_UNROLL
-    for (int r = 0; r < NW; r++)
-      acc[r][0] = _mm512_fmadd_ps(fp4x16_avx512(w[r] + g * 8, lut, _mm512_set1_ps(e4m3_lut[gs[r][g]])),
-                                  x0, acc[r][0]);
+  if (g + 2 <= G) {
+    NV_W_STEP(g, false, 0);
+    g += 2;
   }
+  if (g < G) NV_W_STEP(g, true, 1);
   LKS_UNROLL
-  for (int r = 0; r < NW; r++) out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+  for (int r = 0; r < NW; r++)
+    out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
 }
 
 AVX512 static void nvfp4_avx512_rows(const uint8_t *const *w, const uint8_t *const *gs,

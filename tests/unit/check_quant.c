@@ -132,7 +132,7 @@ static const char *levels[] = TU_SIMD_LEVELS;
 
 START_TEST(test_kernels) {
   uint64_t rs = 12345;
-  const int64_t Ks[] = {16, 128, 192, 1024, 200, 2 * 1408 + 8};
+  const int64_t Ks[] = {16, 128, 192, 528, 1024, 200, 2 * 1408 + 8};
   for (int lv = 0; lv < TU_N_SIMD_LEVELS; lv++) {
     const lks__quant_kernels *k = lks__quant_kernels_get(levels[lv]);
     if (!k) continue;
@@ -190,7 +190,7 @@ END_TEST
 // kernel (checked against double precision above) gives for it, for every row count.
 START_TEST(test_row_kernels) {
   uint64_t rs = 777;
-  const int64_t Ks[] = {16, 128, 200, 1024, 2 * 1408 + 8};
+  const int64_t Ks[] = {16, 128, 200, 528, 1024, 2 * 1408 + 8};
   enum { W = LKS__QWROWS };
   for (int lv = 0; lv < TU_N_SIMD_LEVELS; lv++) {
     const lks__quant_kernels *k = lks__quant_kernels_get(levels[lv]);
