@@ -300,12 +300,13 @@ AVX512 static void fp8_avx512(const uint8_t *w, const float *bs, int64_t blk,
 // column 2i, its high nibble column 2i+1: the bytes widened to 32 bits are the permute's
 // indices for the even columns as they are (it reads the low four bits) and, shifted by 4, for
 // the odd ones, so the codes are never duplicated; x is split into its even and odd columns
-// instead (two permutes a step, shared by every weight row of a call). Per step:
-//   p = e2m1(lo) * x_even + e2m1(hi) * x_odd,   acc += p * s
+// instead (two permutes a step and activation row, shared by every weight row of a call). Per
+// step:
+//   acc = (e2m1(lo) * s) * x_even + acc,   acc = (e2m1(hi) * s) * x_odd + acc
 // where s holds each lane's group scale (the step's two groups' in lanes 0-7 and 8-15, two
 // broadcasts of a table entry, no permute). The steps alternate between two accumulators; a
 // row's last group, when the row has an odd number, is a half step into the second: its other
-// group is zero codes, zero columns and a zero scale.
+// group is zero codes, zero columns and a zero scale (NV_STEPS).
 
 // One step's codes: 16 bytes, or 8 (the upper 8 zero) for a row's odd last group.
 AVX512 INLINE __m512i nv_codes(const uint8_t *p, bool half) {
@@ -341,8 +342,24 @@ AVX512 INLINE __m512 nv_fma(__m512 lo, __m512 hi, __m512 xe, __m512 xo, __m512 a
   return _mm512_fmadd_ps(hi, xo, _mm512_fmadd_ps(lo, xe, acc));
 }
 
-// One step of the NX-row kernel into accumulator A (0 or 1, a constant: the accumulators stay in
-// registers).
+// The steps of a row of G groups, each STEP(g, half, A) with A a constant (the accumulators stay
+// in registers): pairs of groups alternating between accumulators 0 and 1, a last pair into 0,
+// an odd last group into 1.
+#define NV_STEPS(STEP, G)            \
+  do {                               \
+    int64_t g_ = 0;                  \
+    for (; g_ + 4 <= (G); g_ += 4) { \
+      STEP(g_, false, 0);            \
+      STEP(g_ + 2, false, 1);        \
+    }                                \
+    if (g_ + 2 <= (G)) {             \
+      STEP(g_, false, 0);            \
+      g_ += 2;                       \
+    }                                \
+    if (g_ < (G)) STEP(g_, true, 1); \
+  } while (0)
+
+// One step of the NX-row kernel into accumulator A.
 #define NV_N_STEP(g, half, A)                                                       \
   do {                                                                              \
     __m512 lo_, hi_;                                                                \
@@ -359,17 +376,7 @@ AVX512 INLINE void nvfp4_avx512_n(const uint8_t *w, const uint8_t *gs, const flo
   const __m512 lut = _mm512_loadu_ps(e2m1_lut);
   __m512 acc[4][2];
   for (int t = 0; t < NX; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
-  const int64_t G = K / 16;
-  int64_t g = 0;
-  for (; g + 4 <= G; g += 4) {
-    NV_N_STEP(g, false, 0);
-    NV_N_STEP(g + 2, false, 1);
-  }
-  if (g + 2 <= G) {
-    NV_N_STEP(g, false, 0);
-    g += 2;
-  }
-  if (g < G) NV_N_STEP(g, true, 1);
+  NV_STEPS(NV_N_STEP, K / 16);
   for (int t = 0; t < NX; t++)
     out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
 }
@@ -454,17 +461,7 @@ AVX512 INLINE void nvfp4_avx512_w(const uint8_t *const *w, const uint8_t *const 
   __m512 acc[4][2];
   LKS_UNROLL
   for (int r = 0; r < NW; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  const int64_t G = K / 16;
-  int64_t g = 0;
-  for (; g + 4 <= G; g += 4) {
-    NV_W_STEP(g, false, 0);
-    NV_W_STEP(g + 2, false, 1);
-  }
-  if (g + 2 <= G) {
-    NV_W_STEP(g, false, 0);
-    g += 2;
-  }
-  if (g < G) NV_W_STEP(g, true, 1);
+  NV_STEPS(NV_W_STEP, K / 16);
   LKS_UNROLL
   for (int r = 0; r < NW; r++)
     out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
