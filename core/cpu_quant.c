@@ -65,7 +65,8 @@ static void nvfp4_scalar(const uint8_t *w, const uint8_t *gs, const float *const
   }
 }
 
-static const lks__quant_kernels q_scalar = {"scalar", fp8_scalar, nvfp4_scalar, NULL, NULL};
+static const lks__quant_kernels q_scalar = {.name = "scalar", .fp8 = fp8_scalar,
+                                            .nvfp4 = nvfp4_scalar};
 
 // Loops over a kernel's rows (NX activation rows, NW weight rows: at most 4) unrolled, so that
 // their accumulators stay in registers: without it GCC kept the prefill kernels' accumulators
@@ -412,6 +413,57 @@ AVX512 static void nvfp4_avx512(const uint8_t *w, const uint8_t *gs, const float
   }
 }
 
+// x split once for many weight rows: each step's even columns then its odd ones, as nv_x
+// gives them (a row's odd last group as its half step), at float 16 * g for the step of group g.
+AVX512 static void nvfp4_avx512_split(const float *x, int64_t K, float *xs) {
+  int64_t G = K / 16, g = 0;
+  __m512 xe, xo;
+  for (; g + 2 <= G; g += 2) {
+    nv_x(x + g * 16, false, &xe, &xo);
+    _mm512_storeu_ps(xs + g * 16, xe);
+    _mm512_storeu_ps(xs + g * 16 + 16, xo);
+  }
+  if (g < G) {
+    nv_x(x + g * 16, true, &xe, &xo);
+    _mm512_storeu_ps(xs + g * 16, xe);
+    _mm512_storeu_ps(xs + g * 16 + 16, xo);
+  }
+}
+
+// One step of the NX-row kernel on split rows: nv_x's values loaded, not permuted.
+#define NV_XS_STEP(g, half, A)                                                                 \
+  do {                                                                                         \
+    __m512 lo_, hi_;                                                                           \
+    nv_weights(nv_codes(w + (g) * 8, half), lut, nv_scale2(gs, g, half), &lo_, &hi_);          \
+    LKS_UNROLL                                                                                 \
+    for (int t = 0; t < NX; t++) {                                                             \
+      __m512 xe = _mm512_loadu_ps(x[t] + (g) * 16), xo = _mm512_loadu_ps(x[t] + (g) * 16 + 16); \
+      acc[t][A] = nv_fma(lo_, hi_, xe, xo, acc[t][A]);                                         \
+    }                                                                                          \
+  } while (0)
+
+AVX512 INLINE void nvfp4_avx512_xs_n(const uint8_t *w, const uint8_t *gs, const float *const *x,
+                                     int64_t K, float *out, const int NX) {
+  const __m512 lut = _mm512_loadu_ps(e2m1_lut);
+  __m512 acc[4][2];
+  LKS_UNROLL
+  for (int t = 0; t < NX; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+  NV_STEPS(NV_XS_STEP, K / 16);
+  LKS_UNROLL
+  for (int t = 0; t < NX; t++)
+    out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
+}
+
+AVX512 static void nvfp4_avx512_xs(const uint8_t *w, const uint8_t *gs, const float *const *x,
+                                   int nx, int64_t K, float *out) {
+  switch (nx) {
+    case 1: nvfp4_avx512_xs_n(w, gs, x, K, out, 1); break;
+    case 2: nvfp4_avx512_xs_n(w, gs, x, K, out, 2); break;
+    case 3: nvfp4_avx512_xs_n(w, gs, x, K, out, 3); break;
+    default: nvfp4_avx512_xs_n(w, gs, x, K, out, 4); break;
+  }
+}
+
 // NW weight rows (1 to 4) and one activation row: per weight row the arithmetic of
 // fp8_avx512_n / nvfp4_avx512_n with one row.
 AVX512 INLINE void fp8_avx512_w(const uint8_t *const *w, const float *const *bs, int64_t blk,
@@ -498,10 +550,18 @@ AVX512 static void nvfp4_avx512_rows(const uint8_t *const *w, const uint8_t *con
   }
 }
 
-static const lks__quant_kernels q_avx2 = {"avx2", fp8_avx2, nvfp4_avx2, fp8_avx2_rows,
-                                          nvfp4_avx2_rows};
-static const lks__quant_kernels q_avx512 = {"avx512", fp8_avx512, nvfp4_avx512, fp8_avx512_rows,
-                                            nvfp4_avx512_rows};
+static const lks__quant_kernels q_avx2 = {.name = "avx2",
+                                          .fp8 = fp8_avx2,
+                                          .nvfp4 = nvfp4_avx2,
+                                          .fp8_w = fp8_avx2_rows,
+                                          .nvfp4_w = nvfp4_avx2_rows};
+static const lks__quant_kernels q_avx512 = {.name = "avx512",
+                                            .fp8 = fp8_avx512,
+                                            .nvfp4 = nvfp4_avx512,
+                                            .fp8_w = fp8_avx512_rows,
+                                            .nvfp4_w = nvfp4_avx512_rows,
+                                            .nvfp4_split = nvfp4_avx512_split,
+                                            .nvfp4_xs = nvfp4_avx512_xs};
 #elif defined(__aarch64__)
 #include <arm_neon.h>
 #include <asm/hwcap.h>
@@ -626,7 +686,7 @@ static void nvfp4_neon(const uint8_t *w, const uint8_t *gs, const float *const *
   if (t < nx) nvfp4_neon_n(w, gs, x + t, K, out + t, 1);
 }
 
-static const lks__quant_kernels q_neon = {"neon", fp8_neon, nvfp4_neon, NULL, NULL};
+static const lks__quant_kernels q_neon = {.name = "neon", .fp8 = fp8_neon, .nvfp4 = nvfp4_neon};
 #endif
 
 const lks__quant_kernels *lks__quant_kernels_get(const char *name) {
@@ -696,17 +756,30 @@ static void quant_rows_blocked(const lks__quant_kernels *k, const lks__qweight *
   const bool nv = w->qs == LKS_Q_NVFP4;
   const int64_t row_bytes = nv ? K / 2 : K;
   const int64_t rb = row_bytes >= 16384 ? 1 : 16384 / (row_bytes > 0 ? row_bytes : 1);
+  // NVFP4 where the level has it: each group of activation rows split once for the block
+  // (nvfp4_split), not once per weight row inside the kernel. Without the memory, as before.
+  const int64_t sl = lks__nvfp4_split_len(K);
+  float *split = nv && k->nvfp4_split && r1 - r0 > 1
+                     ? malloc((size_t)(LKS__QROWS * sl) * sizeof *split)
+                     : NULL;
+  const lks__qdot_nvfp4_fn nvdot = split ? k->nvfp4_xs : k->nvfp4;
   for (int64_t b0 = r0; b0 < r1; b0 += rb) {
     int64_t b1 = b0 + rb < r1 ? b0 + rb : r1;
     for (int64_t t0 = 0; t0 < n; t0 += LKS__QROWS) {
       int nx = n - t0 < LKS__QROWS ? (int)(n - t0) : LKS__QROWS;
       const float *xs[LKS__QROWS];
-      for (int i = 0; i < nx; i++) xs[i] = x + (t0 + i) * ldx;
+      for (int i = 0; i < nx; i++) {
+        xs[i] = x + (t0 + i) * ldx;
+        if (split) {
+          k->nvfp4_split(xs[i], K, split + i * sl);
+          xs[i] = split + i * sl;
+        }
+      }
       for (int64_t r = b0; r < b1; r++) {
         const uint8_t *codes = w->codes + r * w->ld;
         float d[LKS__QROWS], b = bias ? bias[r] : 0.0f;
         if (nv) {
-          k->nvfp4(codes, row_scales(w, r), xs, nx, K, d);
+          nvdot(codes, row_scales(w, r), xs, nx, K, d);
           for (int i = 0; i < nx; i++) d[i] *= w->global;
         } else {
           k->fp8(codes, row_scales(w, r), blk, xs, nx, K, d);
@@ -718,6 +791,7 @@ static void quant_rows_blocked(const lks__quant_kernels *k, const lks__qweight *
       }
     }
   }
+  free(split);
 }
 
 void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, int64_t r0,

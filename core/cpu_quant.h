@@ -39,13 +39,23 @@ typedef void (*lks__qdot_fp8_w_fn)(const uint8_t *const *w, const float *const *
 typedef void (*lks__qdot_nvfp4_w_fn)(const uint8_t *const *w, const uint8_t *const *gscale,
                                      const float *x, int nw, int64_t K, float *out);
 
+// NVFP4 with the activation rows prepared once for many weight rows (prefill, batches):
+// split(x, K, xs) writes x's columns in the order the kernel reads them (lks__nvfp4_split_len(K)
+// floats), and nvfp4_xs takes such rows in place of x, out[t] bit for bit what nvfp4 gives.
+typedef void (*lks__qsplit_fn)(const float *x, int64_t K, float *xs);
+
 typedef struct lks__quant_kernels {
   const char *name;  // "scalar", "avx2", "avx512", "neon"
   lks__qdot_fp8_fn fp8;
   lks__qdot_nvfp4_fn nvfp4;
   lks__qdot_fp8_w_fn fp8_w;      // may be NULL
   lks__qdot_nvfp4_w_fn nvfp4_w;  // may be NULL
+  lks__qsplit_fn nvfp4_split;    // may be NULL (then nvfp4_xs is NULL too)
+  lks__qdot_nvfp4_fn nvfp4_xs;
 } lks__quant_kernels;
+
+// Floats of one split row of K columns (K a multiple of 16): 32 per two groups, rounded up.
+static inline int64_t lks__nvfp4_split_len(int64_t K) { return (K / 16 + 1) / 2 * 32; }
 
 const lks__quant_kernels *lks__quant_kernels_get(const char *name);
 const lks__quant_kernels *lks__quant_kernels_best(void);
