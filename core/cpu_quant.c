@@ -68,10 +68,10 @@ static void nvfp4_scalar(const uint8_t *w, const uint8_t *gs, const float *const
 static const lks__quant_kernels q_scalar = {.name = "scalar", .fp8 = fp8_scalar,
                                             .nvfp4 = nvfp4_scalar};
 
-// Loops over a kernel's rows (NX activation rows, NW weight rows: at most 4) unrolled, so that
+// Loops over a kernel's rows (NX activation rows: at most 6, NW weight rows: 4) unrolled, so that
 // their accumulators stay in registers: without it GCC kept the prefill kernels' accumulators
 // (fp8_avx512_n and the like) on the stack, a load and a store around every FMA.
-#define LKS_UNROLL _Pragma("GCC unroll 4")
+#define LKS_UNROLL _Pragma("GCC unroll 6")
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -268,8 +268,8 @@ AVX512 INLINE __m512 fp8x16_avx512(const uint8_t *p) {
 
 AVX512 INLINE void fp8_avx512_n(const uint8_t *w, const float *bs, int64_t blk,
                                 const float *const *x, int64_t K, float *out, const int NX) {
-  __m512 acc[4][2], p[4][2];
-  float tail[4] = {0, 0, 0, 0};
+  __m512 acc[LKS__QROWS][2], p[LKS__QROWS][2];
+  float tail[LKS__QROWS] = {0};
   LKS_UNROLL
   for (int t = 0; t < NX; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
   for (int64_t k0 = 0, b = 0; k0 < K; k0 += blk, b++) {
@@ -311,7 +311,9 @@ AVX512 static void fp8_avx512(const uint8_t *w, const float *bs, int64_t blk,
     case 1: fp8_avx512_n(w, bs, blk, x, K, out, 1); break;
     case 2: fp8_avx512_n(w, bs, blk, x, K, out, 2); break;
     case 3: fp8_avx512_n(w, bs, blk, x, K, out, 3); break;
-    default: fp8_avx512_n(w, bs, blk, x, K, out, 4); break;
+    case 4: fp8_avx512_n(w, bs, blk, x, K, out, 4); break;
+    case 5: fp8_avx512_n(w, bs, blk, x, K, out, 5); break;
+    default: fp8_avx512_n(w, bs, blk, x, K, out, 6); break;
   }
 }
 
@@ -394,7 +396,7 @@ AVX512 INLINE __m512 nv_fma(__m512 lo, __m512 hi, __m512 xe, __m512 xo, __m512 a
 AVX512 INLINE void nvfp4_avx512_n(const uint8_t *w, const uint8_t *gs, const float *const *x,
                                   int64_t K, float *out, const int NX) {
   const __m512 lut = _mm512_loadu_ps(e2m1_lut);
-  __m512 acc[4][2];
+  __m512 acc[LKS__QROWS][2];
   LKS_UNROLL
   for (int t = 0; t < NX; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
   NV_STEPS(NV_N_STEP, K / 16);
@@ -409,7 +411,9 @@ AVX512 static void nvfp4_avx512(const uint8_t *w, const uint8_t *gs, const float
     case 1: nvfp4_avx512_n(w, gs, x, K, out, 1); break;
     case 2: nvfp4_avx512_n(w, gs, x, K, out, 2); break;
     case 3: nvfp4_avx512_n(w, gs, x, K, out, 3); break;
-    default: nvfp4_avx512_n(w, gs, x, K, out, 4); break;
+    case 4: nvfp4_avx512_n(w, gs, x, K, out, 4); break;
+    case 5: nvfp4_avx512_n(w, gs, x, K, out, 5); break;
+    default: nvfp4_avx512_n(w, gs, x, K, out, 6); break;
   }
 }
 
@@ -445,7 +449,7 @@ AVX512 static void nvfp4_avx512_split(const float *x, int64_t K, float *xs) {
 AVX512 INLINE void nvfp4_avx512_xs_n(const uint8_t *w, const uint8_t *gs, const float *const *x,
                                      int64_t K, float *out, const int NX) {
   const __m512 lut = _mm512_loadu_ps(e2m1_lut);
-  __m512 acc[4][2];
+  __m512 acc[LKS__QROWS][2];
   LKS_UNROLL
   for (int t = 0; t < NX; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
   NV_STEPS(NV_XS_STEP, K / 16);
@@ -460,7 +464,9 @@ AVX512 static void nvfp4_avx512_xs(const uint8_t *w, const uint8_t *gs, const fl
     case 1: nvfp4_avx512_xs_n(w, gs, x, K, out, 1); break;
     case 2: nvfp4_avx512_xs_n(w, gs, x, K, out, 2); break;
     case 3: nvfp4_avx512_xs_n(w, gs, x, K, out, 3); break;
-    default: nvfp4_avx512_xs_n(w, gs, x, K, out, 4); break;
+    case 4: nvfp4_avx512_xs_n(w, gs, x, K, out, 4); break;
+    case 5: nvfp4_avx512_xs_n(w, gs, x, K, out, 5); break;
+    default: nvfp4_avx512_xs_n(w, gs, x, K, out, 6); break;
   }
 }
 
