@@ -225,8 +225,10 @@ AVX2 INLINE void fp8_avx2_w(const uint8_t *const *w, const float *const *bs, int
   for (int r = 0; r < NW; r++) out[r] = hsum8(_mm256_add_ps(acc[r][0], acc[r][1])) + tail[r];
 }
 
-AVX2 static void fp8_avx2_rows(const uint8_t *const *w, const float *const *bs, int64_t blk,
+AVX2 static void fp8_avx2_rows(const uint8_t *const *w, const uint8_t *const *ahead,
+                               const float *const *bs, int64_t blk,
                                const float *x, int nw, int64_t K, float *out) {
+  (void)ahead;  // w_ahead false: the caller fetches ahead
   int r = 0;
   for (; r + 2 <= nw; r += 2) fp8_avx2_w(w + r, bs + r, blk, x, K, out + r, 2);
   if (r < nw) fp8_avx2_w(w + r, bs + r, blk, x, K, out + r, 1);
@@ -251,8 +253,10 @@ AVX2 INLINE void nvfp4_avx2_w(const uint8_t *const *w, const uint8_t *const *gs,
   for (int r = 0; r < NW; r++) out[r] = hsum8(_mm256_add_ps(acc[r][0], acc[r][1]));
 }
 
-AVX2 static void nvfp4_avx2_rows(const uint8_t *const *w, const uint8_t *const *gs,
+AVX2 static void nvfp4_avx2_rows(const uint8_t *const *w, const uint8_t *const *ahead,
+                                 const uint8_t *const *gs,
                                  const float *x, int nw, int64_t K, float *out) {
+  (void)ahead;
   int r = 0;
   for (; r + 2 <= nw; r += 2) nvfp4_avx2_w(w + r, gs + r, x, K, out + r, 2);
   if (r < nw) nvfp4_avx2_w(w + r, gs + r, x, K, out + r, 1);
@@ -472,8 +476,9 @@ AVX512 static void nvfp4_avx512_xs(const uint8_t *w, const uint8_t *gs, const fl
 
 // NW weight rows (1 to 4) and one activation row: per weight row the arithmetic of
 // fp8_avx512_n / nvfp4_avx512_n with one row.
-AVX512 INLINE void fp8_avx512_w(const uint8_t *const *w, const float *const *bs, int64_t blk,
-                                const float *x, int64_t K, float *out, const int NW) {
+AVX512 INLINE void fp8_avx512_w(const uint8_t *const *w, const uint8_t *const *ahead,
+                                const float *const *bs, int64_t blk, const float *x, int64_t K,
+                                float *out, const int NW) {
   __m512 acc[4][2], p[4][2];
   float tail[4] = {0, 0, 0, 0};
   LKS_UNROLL
@@ -484,6 +489,10 @@ AVX512 INLINE void fp8_avx512_w(const uint8_t *const *w, const float *const *bs,
     for (int r = 0; r < NW; r++) p[r][0] = p[r][1] = _mm512_setzero_ps();
     for (; k + 32 <= k1; k += 32) {
       __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+      if (ahead && !(k & 32)) {
+        LKS_UNROLL
+        for (int r = 0; r < NW; r++) _mm_prefetch((const char *)ahead[r] + k, _MM_HINT_T0);
+      }
       LKS_UNROLL
       for (int r = 0; r < NW; r++) {
         p[r][0] = _mm512_fmadd_ps(fp8x16_avx512(w[r] + k), x0, p[r][0]);
@@ -511,13 +520,14 @@ AVX512 INLINE void fp8_avx512_w(const uint8_t *const *w, const float *const *bs,
     out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1])) + tail[r];
 }
 
-AVX512 static void fp8_avx512_rows(const uint8_t *const *w, const float *const *bs, int64_t blk,
-                                   const float *x, int nw, int64_t K, float *out) {
+AVX512 static void fp8_avx512_rows(const uint8_t *const *w, const uint8_t *const *ahead,
+                                   const float *const *bs, int64_t blk, const float *x, int nw,
+                                   int64_t K, float *out) {
   switch (nw) {
-    case 1: fp8_avx512_w(w, bs, blk, x, K, out, 1); break;
-    case 2: fp8_avx512_w(w, bs, blk, x, K, out, 2); break;
-    case 3: fp8_avx512_w(w, bs, blk, x, K, out, 3); break;
-    default: fp8_avx512_w(w, bs, blk, x, K, out, 4); break;
+    case 1: fp8_avx512_w(w, ahead, bs, blk, x, K, out, 1); break;
+    case 2: fp8_avx512_w(w, ahead, bs, blk, x, K, out, 2); break;
+    case 3: fp8_avx512_w(w, ahead, bs, blk, x, K, out, 3); break;
+    default: fp8_avx512_w(w, ahead, bs, blk, x, K, out, 4); break;
   }
 }
 
@@ -526,6 +536,10 @@ AVX512 static void fp8_avx512_rows(const uint8_t *const *w, const float *const *
   do {                                                                                       \
     __m512 xe, xo;                                                                           \
     nv_x(x + (g) * 16, half, &xe, &xo);                                                      \
+    if (ahead && !((g) & 7)) {                                                               \
+      LKS_UNROLL                                                                             \
+      for (int r = 0; r < NW; r++) _mm_prefetch((const char *)ahead[r] + (g) * 8, _MM_HINT_T0); \
+    }                                                                                        \
     LKS_UNROLL                                                                               \
     for (int r = 0; r < NW; r++) {                                                           \
       __m512 lo_, hi_;                                                                       \
@@ -534,8 +548,9 @@ AVX512 static void fp8_avx512_rows(const uint8_t *const *w, const float *const *
     }                                                                                        \
   } while (0)
 
-AVX512 INLINE void nvfp4_avx512_w(const uint8_t *const *w, const uint8_t *const *gs,
-                                  const float *x, int64_t K, float *out, const int NW) {
+AVX512 INLINE void nvfp4_avx512_w(const uint8_t *const *w, const uint8_t *const *ahead,
+                                  const uint8_t *const *gs, const float *x, int64_t K, float *out,
+                                  const int NW) {
   const __m512 lut = _mm512_loadu_ps(e2m1_lut);
   __m512 acc[4][2];
   LKS_UNROLL
@@ -546,13 +561,14 @@ AVX512 INLINE void nvfp4_avx512_w(const uint8_t *const *w, const uint8_t *const 
     out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
 }
 
-AVX512 static void nvfp4_avx512_rows(const uint8_t *const *w, const uint8_t *const *gs,
-                                     const float *x, int nw, int64_t K, float *out) {
+AVX512 static void nvfp4_avx512_rows(const uint8_t *const *w, const uint8_t *const *ahead,
+                                     const uint8_t *const *gs, const float *x, int nw, int64_t K,
+                                     float *out) {
   switch (nw) {
-    case 1: nvfp4_avx512_w(w, gs, x, K, out, 1); break;
-    case 2: nvfp4_avx512_w(w, gs, x, K, out, 2); break;
-    case 3: nvfp4_avx512_w(w, gs, x, K, out, 3); break;
-    default: nvfp4_avx512_w(w, gs, x, K, out, 4); break;
+    case 1: nvfp4_avx512_w(w, ahead, gs, x, K, out, 1); break;
+    case 2: nvfp4_avx512_w(w, ahead, gs, x, K, out, 2); break;
+    case 3: nvfp4_avx512_w(w, ahead, gs, x, K, out, 3); break;
+    default: nvfp4_avx512_w(w, ahead, gs, x, K, out, 4); break;
   }
 }
 
@@ -566,6 +582,7 @@ static const lks__quant_kernels q_avx512 = {.name = "avx512",
                                             .nvfp4 = nvfp4_avx512,
                                             .fp8_w = fp8_avx512_rows,
                                             .nvfp4_w = nvfp4_avx512_rows,
+                                            .w_ahead = true,
                                             .nvfp4_split = nvfp4_avx512_split,
                                             .nvfp4_xs = nvfp4_avx512_xs};
 #elif defined(__aarch64__)
@@ -815,7 +832,12 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
   // One row's codes streamed at a time had too few loads in flight to keep memory busy: the row
   // about 8 KB ahead is fetched as each row starts (air-1g decode on this 2-core host, medians:
   // FP8 rows of 1 KB 0 -> 8 rows ahead 135-142 -> 155-162 tokens/s, NVFP4 rows of 512 B 0 -> 16
-  // rows ahead 124-138 -> 154-177). A hint: nothing past the task's rows is asked for.
+  // rows ahead 124-138 -> 154-177). A hint: nothing past the task's rows is asked for. Where the
+  // several-row kernels fetch it themselves (w_ahead: AVX-512), a line each 64 bytes they read,
+  // the burst of a row's lines at once is not issued: 134 M FP8 weights out of cache, one
+  // thread, six alternated runs of build/kernel_bench 131072 1024: 8.3-10.2 -> 6.4-7.8 ms
+  // (NVFP4 4.6-6.9 -> 4.7-6.0; air-1g FP8 decode at 2 threads, eight alternated rounds,
+  // medians 134 -> 141 tokens/s, within this host's noise).
   const int64_t row_bytes = nv ? K / 2 : K;
   const int64_t pf = row_bytes >= 8192 ? 1 : 8192 / (row_bytes > 0 ? row_bytes : 1);
   // One activation row (decode) with a several-row kernel: LKS__QWROWS weight rows at a time,
@@ -831,16 +853,19 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
     int nw = r1 - r < step ? (int)(r1 - r) : (int)step;
     const uint8_t *codes[LKS__QWROWS];
     const void *sc[LKS__QWROWS];
+    const uint8_t *ahead[LKS__QWROWS];
     for (int i = 0; i < nw; i++) {
       codes[i] = w->codes + (r + i) * w->ld;
       sc[i] = row_scales(w, r + i);
-      if (r + i + pf < r1)
-        for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(codes[i] + pf * w->ld + c);
+      // Past the task's rows: the row itself, whose lines are being read anyway.
+      ahead[i] = r + i + pf < r1 ? codes[i] + pf * w->ld : codes[i];
+      if (!(step > 1 && k->w_ahead) && r + i + pf < r1)
+        for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(ahead[i] + c);
     }
     float d[LKS__QROWS];
     if (step > 1) {
-      if (nv) k->nvfp4_w(codes, (const uint8_t *const *)sc, x, nw, K, d);
-      else k->fp8_w(codes, (const float *const *)sc, blk, x, nw, K, d);
+      if (nv) k->nvfp4_w(codes, ahead, (const uint8_t *const *)sc, x, nw, K, d);
+      else k->fp8_w(codes, ahead, (const float *const *)sc, blk, x, nw, K, d);
       for (int i = 0; i < nw; i++) {
         float b = bias ? bias[r + i] : 0.0f, v = nv ? d[i] * w->global : d[i];
         float *o = out + r + i;

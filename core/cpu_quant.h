@@ -37,11 +37,15 @@ typedef void (*lks__qdot_nvfp4_fn)(const uint8_t *w, const uint8_t *gscale, cons
 // one-row call above (NULL where a level has no such kernel: one row at a time then). Decode's
 // products have one activation row; several weight rows at once keep more independent sums and
 // more loads in flight.
+// ahead (NULL: none): codes that a later call reads, ahead[i] fetched into cache as row i is
+// read, a line per 64 bytes of its codes, where the level's kernels do it (w_ahead).
 enum { LKS__QWROWS = 4 };
-typedef void (*lks__qdot_fp8_w_fn)(const uint8_t *const *w, const float *const *bscale,
-                                   int64_t blk, const float *x, int nw, int64_t K, float *out);
-typedef void (*lks__qdot_nvfp4_w_fn)(const uint8_t *const *w, const uint8_t *const *gscale,
-                                     const float *x, int nw, int64_t K, float *out);
+typedef void (*lks__qdot_fp8_w_fn)(const uint8_t *const *w, const uint8_t *const *ahead,
+                                   const float *const *bscale, int64_t blk, const float *x, int nw,
+                                   int64_t K, float *out);
+typedef void (*lks__qdot_nvfp4_w_fn)(const uint8_t *const *w, const uint8_t *const *ahead,
+                                     const uint8_t *const *gscale, const float *x, int nw,
+                                     int64_t K, float *out);
 
 // NVFP4 with the activation rows prepared once for many weight rows (prefill, batches):
 // split(x, K, xs) writes x's columns in the order the kernel reads them (lks__nvfp4_split_len(K)
@@ -54,6 +58,7 @@ typedef struct lks__quant_kernels {
   lks__qdot_nvfp4_fn nvfp4;
   lks__qdot_fp8_w_fn fp8_w;      // may be NULL
   lks__qdot_nvfp4_w_fn nvfp4_w;  // may be NULL
+  bool w_ahead;                  // fp8_w and nvfp4_w fetch `ahead` (else they ignore it)
   lks__qsplit_fn nvfp4_split;    // may be NULL (then nvfp4_xs is NULL too)
   lks__qdot_nvfp4_fn nvfp4_xs;
 } lks__quant_kernels;
