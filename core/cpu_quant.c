@@ -384,21 +384,27 @@ AVX512 INLINE __m512 nv_fma(__m512 lo, __m512 hi, __m512 xe, __m512 xo, __m512 a
     if (g_ < (G)) STEP(g_, true, 1); \
   } while (0)
 
-// One step of the NX-row kernel into accumulator A.
-#define NV_N_STEP(g, half, A)                                                       \
-  do {                                                                              \
-    __m512 lo_, hi_;                                                                \
-    nv_weights(nv_codes(w + (g) * 8, half), lut, nv_scale2(gs, g, half), &lo_, &hi_); \
-    LKS_UNROLL                                                                                 \
-    for (int t = 0; t < NX; t++) {                                                             \
-      __m512 xe, xo;                                                                \
-      nv_x(x[t] + (g) * 16, half, &xe, &xo);                                        \
-      acc[t][A] = nv_fma(lo_, hi_, xe, xo, acc[t][A]);                              \
-    }                                                                               \
+// One step of the NX-row kernel into accumulator A; XS: the rows are split already
+// (nvfp4_avx512_split), nv_x's values loaded instead of permuted.
+#define NV_N_STEP(g, half, A)                                                               \
+  do {                                                                                      \
+    __m512 lo_, hi_;                                                                        \
+    nv_weights(nv_codes(w + (g) * 8, half), lut, nv_scale2(gs, g, half), &lo_, &hi_);       \
+    LKS_UNROLL                                                                              \
+    for (int t = 0; t < NX; t++) {                                                          \
+      __m512 xe, xo;                                                                        \
+      if (XS) {                                                                             \
+        xe = _mm512_loadu_ps(x[t] + (g) * 16);                                              \
+        xo = _mm512_loadu_ps(x[t] + (g) * 16 + 16);                                         \
+      } else {                                                                              \
+        nv_x(x[t] + (g) * 16, half, &xe, &xo);                                              \
+      }                                                                                     \
+      acc[t][A] = nv_fma(lo_, hi_, xe, xo, acc[t][A]);                                      \
+    }                                                                                       \
   } while (0)
 
 AVX512 INLINE void nvfp4_avx512_n(const uint8_t *w, const uint8_t *gs, const float *const *x,
-                                  int64_t K, float *out, const int NX) {
+                                  int64_t K, float *out, const int NX, const bool XS) {
   const __m512 lut = _mm512_loadu_ps(e2m1_lut);
   __m512 acc[LKS__QROWS][2];
   LKS_UNROLL
@@ -409,16 +415,26 @@ AVX512 INLINE void nvfp4_avx512_n(const uint8_t *w, const uint8_t *gs, const flo
     out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
 }
 
+AVX512 INLINE void nvfp4_avx512_nx(const uint8_t *w, const uint8_t *gs, const float *const *x,
+                                   int nx, int64_t K, float *out, const bool XS) {
+  switch (nx) {
+    case 1: nvfp4_avx512_n(w, gs, x, K, out, 1, XS); break;
+    case 2: nvfp4_avx512_n(w, gs, x, K, out, 2, XS); break;
+    case 3: nvfp4_avx512_n(w, gs, x, K, out, 3, XS); break;
+    case 4: nvfp4_avx512_n(w, gs, x, K, out, 4, XS); break;
+    case 5: nvfp4_avx512_n(w, gs, x, K, out, 5, XS); break;
+    default: nvfp4_avx512_n(w, gs, x, K, out, 6, XS); break;
+  }
+}
+
 AVX512 static void nvfp4_avx512(const uint8_t *w, const uint8_t *gs, const float *const *x, int nx,
                                 int64_t K, float *out) {
-  switch (nx) {
-    case 1: nvfp4_avx512_n(w, gs, x, K, out, 1); break;
-    case 2: nvfp4_avx512_n(w, gs, x, K, out, 2); break;
-    case 3: nvfp4_avx512_n(w, gs, x, K, out, 3); break;
-    case 4: nvfp4_avx512_n(w, gs, x, K, out, 4); break;
-    case 5: nvfp4_avx512_n(w, gs, x, K, out, 5); break;
-    default: nvfp4_avx512_n(w, gs, x, K, out, 6); break;
-  }
+  nvfp4_avx512_nx(w, gs, x, nx, K, out, false);
+}
+
+AVX512 static void nvfp4_avx512_xs(const uint8_t *w, const uint8_t *gs, const float *const *x,
+                                   int nx, int64_t K, float *out) {
+  nvfp4_avx512_nx(w, gs, x, nx, K, out, true);
 }
 
 // x split once for many weight rows: each step's even columns then its odd ones, as nv_x
@@ -435,42 +451,6 @@ AVX512 static void nvfp4_avx512_split(const float *x, int64_t K, float *xs) {
     nv_x(x + g * 16, true, &xe, &xo);
     _mm512_storeu_ps(xs + g * 16, xe);
     _mm512_storeu_ps(xs + g * 16 + 16, xo);
-  }
-}
-
-// One step of the NX-row kernel on split rows: nv_x's values loaded, not permuted.
-#define NV_XS_STEP(g, half, A)                                                                 \
-  do {                                                                                         \
-    __m512 lo_, hi_;                                                                           \
-    nv_weights(nv_codes(w + (g) * 8, half), lut, nv_scale2(gs, g, half), &lo_, &hi_);          \
-    LKS_UNROLL                                                                                 \
-    for (int t = 0; t < NX; t++) {                                                             \
-      __m512 xe = _mm512_loadu_ps(x[t] + (g) * 16), xo = _mm512_loadu_ps(x[t] + (g) * 16 + 16); \
-      acc[t][A] = nv_fma(lo_, hi_, xe, xo, acc[t][A]);                                         \
-    }                                                                                          \
-  } while (0)
-
-AVX512 INLINE void nvfp4_avx512_xs_n(const uint8_t *w, const uint8_t *gs, const float *const *x,
-                                     int64_t K, float *out, const int NX) {
-  const __m512 lut = _mm512_loadu_ps(e2m1_lut);
-  __m512 acc[LKS__QROWS][2];
-  LKS_UNROLL
-  for (int t = 0; t < NX; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
-  NV_STEPS(NV_XS_STEP, K / 16);
-  LKS_UNROLL
-  for (int t = 0; t < NX; t++)
-    out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
-}
-
-AVX512 static void nvfp4_avx512_xs(const uint8_t *w, const uint8_t *gs, const float *const *x,
-                                   int nx, int64_t K, float *out) {
-  switch (nx) {
-    case 1: nvfp4_avx512_xs_n(w, gs, x, K, out, 1); break;
-    case 2: nvfp4_avx512_xs_n(w, gs, x, K, out, 2); break;
-    case 3: nvfp4_avx512_xs_n(w, gs, x, K, out, 3); break;
-    case 4: nvfp4_avx512_xs_n(w, gs, x, K, out, 4); break;
-    case 5: nvfp4_avx512_xs_n(w, gs, x, K, out, 5); break;
-    default: nvfp4_avx512_xs_n(w, gs, x, K, out, 6); break;
   }
 }
 
