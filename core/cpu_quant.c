@@ -809,6 +809,11 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
         for (int64_t r = r0; r < r1; r++) out[t * ldo + r] = 0;
     return;
   }
+  if (n > 1) {
+    quant_rows_blocked(k, w, r0, r1, x, ldx, n, bias, out, ldo, accumulate);
+    return;
+  }
+  // Decode (one activation row) from here on.
   // One row's codes streamed at a time had too few loads in flight to keep memory busy: the row
   // about 8 KB ahead is fetched as each row starts (air-1g decode on this 2-core host, medians:
   // FP8 rows of 1 KB 0 -> 8 rows ahead 135-142 -> 155-162 tokens/s, NVFP4 rows of 512 B 0 -> 16
@@ -824,11 +829,7 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
   // each as the one-row kernel computes it, with four rows' loads in flight (air-1g decode, this
   // host, six alternated pairs: FP8 blocks 98-123 -> 105-129 tokens/s, 5 pairs of 6 faster;
   // NVFP4 109-131 -> 125-144, 6 of 6; the same speed as one row at a time in cache).
-  const int64_t step = n == 1 && (nv ? k->nvfp4_w != NULL : k->fp8_w != NULL) ? LKS__QWROWS : 1;
-  if (n > 1) {
-    quant_rows_blocked(k, w, r0, r1, x, ldx, n, bias, out, ldo, accumulate);
-    return;
-  }
+  const int64_t step = (nv ? k->nvfp4_w != NULL : k->fp8_w != NULL) ? LKS__QWROWS : 1;
   for (int64_t r = r0; r < r1; r += step) {
     int nw = r1 - r < step ? (int)(r1 - r) : (int)step;
     const uint8_t *codes[LKS__QWROWS];
@@ -853,7 +854,7 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
       }
       continue;
     }
-    quant_rows_blocked(k, w, r, r + 1, x, ldx, n, bias, out, ldo, accumulate);
+    quant_rows_blocked(k, w, r, r + 1, x, ldx, 1, bias, out, ldo, accumulate);
   }
 }
 
