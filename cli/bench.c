@@ -324,91 +324,130 @@ static double decode_rate(const lks_spec_stats *st) {
   return t > 0 ? (double)(st->tok_spec + st->tok_plain) / t : 0;
 }
 
-// n_dec tokens after the prompt without speculation (a new scheduler each run) and with proposer
-// `spec`, every run of it through one scheduler as a server's requests are: its first run meets
-// a new policy (cold: it explores the costs), the later ones the policy the earlier runs left
-// (warm). Medians of the times (prefill included), of the decode rates and of their ratio, run
-// by run; the ratio of the cold run alone. *sst: the last run's statistics.
+// Speculation, measured in one loop so that a shared machine's slow stretches move every
+// figure alike: each repeat decodes n_dec tokens after the prompt without speculation (a new
+// scheduler), with proposer `spec` under the levers given (the adaptive policy unless the gate is
+// off) through one scheduler as a server's requests are (its first run meets a new policy: cold;
+// the later ones the policy the earlier runs left: warm), then with K = 1..k_max drafts every
+// step, the gate off (a new scheduler each: the roofline). Every ratio is taken within its
+// repeat and the medians are over the warm repeats (all of them when there is only one): each
+// figure is against the plain run right before it, never against one minutes away.
 typedef struct {
   double t_plain, t_spec, rate_plain, rate_spec, ratio, ratio_cold;
   int n_warm;
   double t_calibrate;  // seconds lks_sched_calibrate took before the first run
+  // The roofline per K (index K - 1): a verify step's and one draft's cost over the repeat's
+  // plain step, E[tokens/step], and the fixed-K decode rate over the repeat's plain rate.
+  double verify[LKS_MAX_DRAFTS], draft[LKS_MAX_DRAFTS], e[LKS_MAX_DRAFTS], roof[LKS_MAX_DRAFTS];
+  double roof_cold;  // the cold repeat's best fixed-K ratio
+  int k_max;
 } spec_medians;
+
+// Medians over r = w0..reps-1 of v[r * stride + j].
+static double median_at(const double *v, int w0, int reps, int stride, int j) {
+  double t[64];
+  int n = 0;
+  for (int r = w0; r < reps && n < 64; r++) t[n++] = v[(size_t)r * stride + j];
+  return median(t, n);
+}
+
 static int bench_spec(lks_world *w, const lks_sched_opts *so, const char *spec,
                       const int32_t *tok, int n_pre, int n_dec, int reps, spec_medians *md,
                       lks_spec_stats *sst) {
-  double *v = malloc((size_t)reps * 5 * sizeof *v);
-  double *a = v, *b = v + reps, *rp = v + 2 * reps, *rs = v + 3 * reps, *ra = v + 4 * reps;
+  if (reps > 64) reps = 64;
+  int k_max = so->n_drafts < LKS_MAX_DRAFTS ? so->n_drafts : LKS_MAX_DRAFTS;
+  // Per repeat: the plain and speculative times and rates, then 4 figures per K.
+  enum { F = 5 + 4 * LKS_MAX_DRAFTS };
+  double *v = calloc((size_t)reps * F, sizeof *v);
   int rc = v ? 0 : lks_set_error(LKS_ENOMEM, "out of memory");
-  lks_sched_opts plain = *so, sp = *so;
+  lks_sched_opts plain = *so, sp = *so, fixed = *so;
   snprintf(plain.spec, sizeof plain.spec, "off");
   snprintf(sp.spec, sizeof sp.spec, "%s", spec);
+  fixed.gate = false;
   lks_sched *srv = rc == 0 ? lks_sched_new(w, NULL, &sp) : NULL;
   if (rc == 0 && !srv) rc = -1;
   double t_cal = 0;
   if (rc == 0) rc = lks_sched_calibrate(srv, &t_cal);  // as serve does before its port opens
   for (int r = 0; rc == 0 && r < reps; r++) {
+    double *x = v + (size_t)r * F;
     bench_clock bc = {w, 0, 0, 0, 0, 0, 0};
-    lks_spec_stats pst;
-    double t0 = lks_now();
-    rc = bench_run(w, &plain, tok, n_pre, n_dec, &bc, &pst);
-    a[r] = lks_now() - t0;
-    t0 = lks_now();
-    if (rc == 0) rc = bench_run_in(w, srv, tok, n_pre, n_dec, &bc, sst);
-    b[r] = lks_now() - t0;
-    rp[r] = decode_rate(&pst);
-    rs[r] = rc == 0 ? decode_rate(sst) : 0;
-    ra[r] = rp[r] > 0 ? rs[r] / rp[r] : 0;
+    lks_spec_stats pst, kst;
+    // The pair in turn plain first and speculative first, so that a machine slowing down or
+    // speeding up across a repeat favours neither.
+    for (int j = 0; rc == 0 && j < 2; j++) {
+      double t0 = lks_now();
+      if ((j == 0) == (r % 2 == 0)) {
+        rc = bench_run(w, &plain, tok, n_pre, n_dec, &bc, &pst);
+        x[0] = lks_now() - t0;
+      } else {
+        rc = bench_run_in(w, srv, tok, n_pre, n_dec, &bc, sst);
+        x[1] = lks_now() - t0;
+      }
+    }
+    x[2] = decode_rate(&pst);
+    x[3] = rc == 0 ? decode_rate(sst) : 0;
+    x[4] = x[2] > 0 ? x[3] / x[2] : 0;
+    double t_step = pst.plain_steps ? pst.t_plain / (double)pst.plain_steps : 0;
+    for (int k = 1; rc == 0 && k <= k_max; k++) {
+      snprintf(fixed.spec, sizeof fixed.spec, "%s", spec);
+      fixed.n_drafts = k;
+      if ((rc = bench_run(w, &fixed, tok, n_pre, n_dec, &bc, &kst)) < 0 || !kst.spec_steps)
+        break;
+      // accepted[i] counts the rounds whose drafts up to i were all accepted, of proposed[i]
+      // that drafted i: each ratio is already the product of the conditional rates, and E their
+      // sum.
+      double steps = (double)kst.spec_steps, prop = kst.t_propose / steps, e = 1;
+      for (int i = 0; i < k; i++)
+        e += kst.proposed[i] ? (double)kst.accepted[i] / (double)kst.proposed[i] : 0;
+      double *y = x + 5 + 4 * (k - 1);
+      y[0] = t_step > 0 ? (kst.t_spec / steps - prop) / t_step : 0;
+      y[1] = t_step > 0 ? prop / k / t_step : 0;
+      y[2] = e;
+      y[3] = x[2] > 0 ? decode_rate(&kst) / x[2] : 0;
+    }
   }
   lks_sched_free(srv);
-  // The warm runs (all of them when there is only one).
   int w0 = reps > 1 ? 1 : 0;
-  if (rc == 0)
-    *md = (spec_medians){median(a + w0, reps - w0), median(b + w0, reps - w0),
-                         median(rp + w0, reps - w0), median(rs + w0, reps - w0),
-                         median(ra + w0, reps - w0), ra[0], reps - w0, t_cal};
+  if (rc == 0) {
+    *md = (spec_medians){.t_plain = median_at(v, w0, reps, F, 0),
+                         .t_spec = median_at(v, w0, reps, F, 1),
+                         .rate_plain = median_at(v, w0, reps, F, 2),
+                         .rate_spec = median_at(v, w0, reps, F, 3),
+                         .ratio = median_at(v, w0, reps, F, 4),
+                         .ratio_cold = v[4],
+                         .n_warm = reps - w0,
+                         .t_calibrate = t_cal,
+                         .roof_cold = 1,
+                         .k_max = k_max};
+    for (int k = 1; k <= k_max; k++) {
+      int j = 5 + 4 * (k - 1);
+      md->verify[k - 1] = median_at(v, w0, reps, F, j);
+      md->draft[k - 1] = median_at(v, w0, reps, F, j + 1);
+      md->e[k - 1] = median_at(v, w0, reps, F, j + 2);
+      md->roof[k - 1] = median_at(v, w0, reps, F, j + 3);
+      md->roof_cold = v[j + 3] > md->roof_cold ? v[j + 3] : md->roof_cold;
+    }
+  }
   free(v);
   return rc;
 }
 
-// The speculation roofline, measured: for K = 1..k_max (the gate off), a speculative step's
-// cost next to a plain step's (the drafter's part and the verify's), the acceptance per
-// position, and from them the best speedup K can give, E[tokens per step] x plain step time /
-// speculative step time, with E = 1 + sum_j prod_{i<=j} alpha_i; then the speedup achieved.
-// *best_roof, *best_k: the best of them (1 and K = 0 when no K beats plain decoding).
-static int roofline(lks_world *w, lks_sched_opts *so, const char *spec, const int32_t *tok,
-                    int n_pre, int n_dec, int k_max, double *best_roof, int *best_k) {
-  lks_spec_stats plain, sp;
-  bench_clock bc = {w, 0, 0, 0, 0, 0, 0};
-  bool gate = so->gate;
-  so->gate = false;
-  snprintf(so->spec, sizeof so->spec, "off");
-  LKS_TRY(bench_run(w, so, tok, n_pre, n_dec, &bc, &plain));
-  double t0 = plain.plain_steps ? plain.t_plain / (double)plain.plain_steps : 0;
-  printf("speculation roofline (--spec %s, the gate off; plain step %.3f ms):\n", spec, t0 * 1e3);
-  printf("  K  verify/plain  draft/plain  E[tokens/step]  roofline  achieved  fraction\n");
-  int rc = 0;
+// The speculation roofline (bench_spec's fixed-K runs): for K = 1..k_max a speculative step's
+// cost next to a plain step's (the drafter's part and the verify's), E[tokens per step] and the
+// speedup K gives, E x plain step time / speculative step time, the fixed-K decode rate over the
+// plain one's in the same repeat. *best_roof, *best_k: the best of them (1 and K = 0 when no K
+// beats plain decoding).
+static void roofline(const spec_medians *md, const char *spec, double *best_roof, int *best_k) {
+  printf("speculation roofline (--spec %s, the gate off, each K's run next to a plain one; "
+         "medians of %d):\n", spec, md->n_warm);
+  printf("  K  verify/plain  draft/plain  E[tokens/step]  roofline\n");
   *best_roof = 1;
   *best_k = 0;
-  for (int k = 1; k <= k_max && rc == 0 && t0 > 0; k++) {
-    snprintf(so->spec, sizeof so->spec, "%s", spec);
-    so->n_drafts = k;
-    if ((rc = bench_run(w, so, tok, n_pre, n_dec, &bc, &sp)) < 0) break;
-    if (!sp.spec_steps) continue;
-    double steps = (double)sp.spec_steps, prop = sp.t_propose / steps;
-    // accepted[i] counts the rounds whose drafts up to i were all accepted, of proposed[i] that
-    // drafted i: each ratio is already the product of the conditional rates, and E their sum.
-    double verify = sp.t_spec / steps - prop, e = 1;
-    for (int i = 0; i < k; i++) e += sp.proposed[i] ? (double)sp.accepted[i] / (double)sp.proposed[i] : 0;
-    double roof = e * t0 / (prop + verify);
-    double achieved = (sp.tok_spec / sp.t_spec) / (plain.tok_plain / plain.t_plain);
-    printf("  %d  %12.2f  %11.3f  %14.3f  %8.2f  %8.2f  %8.2f\n", k, verify / t0, prop / k / t0, e,
-           roof, achieved, achieved / roof);
-    if (roof > *best_roof) *best_roof = roof, *best_k = k;
+  for (int k = 1; k <= md->k_max; k++) {
+    printf("  %d  %12.2f  %11.3f  %14.3f  %8.3f\n", k, md->verify[k - 1], md->draft[k - 1],
+           md->e[k - 1], md->roof[k - 1]);
+    if (md->roof[k - 1] > *best_roof) *best_roof = md->roof[k - 1], *best_k = k;
   }
-  so->gate = gate;
-  so->n_drafts = k_max;
-  return rc;
 }
 
 int lks_cmd_bench(lks_settings *s) {
@@ -583,9 +622,8 @@ int lks_cmd_bench(lks_settings *s) {
   printf("\n");
   double roof = 1;
   int roof_k = 0;
-  if (t_spec_run > 0 && roofline(w, &so, spec, tok, n_pre, n_dec, sst.k_max, &roof, &roof_k) < 0)
-    goto fail;
   if (t_spec_run > 0) {
+    roofline(&md, spec, &roof, &roof_k);
     // The run under the levers given (the adaptive policy unless --spec-gate false) against the
     // roofline's best K (plain decoding, x1, when no K pays).
     uint64_t rows = 0;
@@ -594,7 +632,8 @@ int lks_cmd_bench(lks_settings *s) {
            "cold first run x%.3f, after %.2f s measuring step costs at start); roofline: x%.3f at "
            "K=%d; achieved fraction %.3f (cold %.3f); K per decode row (last run):",
            so.gate ? "policy" : "fixed K", md.rate_spec, md.rate_plain, md.ratio, md.n_warm,
-           md.ratio_cold, md.t_calibrate, roof, roof_k, md.ratio / roof, md.ratio_cold / roof);
+           md.ratio_cold, md.t_calibrate, roof, roof_k, md.ratio / roof,
+           md.ratio_cold / md.roof_cold);
     for (int i = 0; i <= sst.k_max; i++)
       printf(" %d: %.0f%%", i, rows ? 100.0 * (double)sst.k_rows[i] / (double)rows : 0.0);
     printf("\n");

@@ -36,6 +36,10 @@
 // one-draft steps at first (three drafts also say roughly what the drafter is worth: with one,
 // a drafter right 9 times in 10 was left unused one time in 10); steps between probes of the
 // neighbouring K, doubled after each probe that left the choice as it was, up to the most; the
+// least observations a starting acceptance counts as, the fixed guess ACC_PRIOR's in the pool and
+// the pool's in a new sequence (with one, a new server's first two drafts missing, as drafts
+// right after a prompt often do, took the deep model's drafter from 0.6 to 0.2 and it decoded
+// plainly until a probe 29 steps later, where three drafts a round paid x1.5); the
 // most observations the pool's acceptance counts as in a new sequence's (1 / ACC_W, the memory
 // of a sequence's own average: with 4, three early misses on the deep model took a new sequence
 // from the pool's 0.82 to 0.66, and it decoded plainly for 5-17 % of its rows); the rounds the
@@ -45,7 +49,8 @@
 // acceptance a sequence starts from before the pooled one is known; the speculative steps
 // between two plain ones (the plain cost's samples while sequences draft).
 enum { POLICY_SAMPLES = 3, POLICY_DRAFT_SAMPLES = 3, POLICY_PROBE_EVERY = 32,
-       POLICY_PROBE_MOST = 512, POLICY_PRIOR_MOST = 10, POLICY_FIRST_DRAFTS = 8,
+       POLICY_PROBE_MOST = 512, POLICY_PRIOR_LEAST = 4, POLICY_PRIOR_MOST = 10,
+       POLICY_FIRST_DRAFTS = 8,
        POLICY_PLAIN_EVERY = 32 };
 static const double ACC_W = 0.1, ACC_PRIOR = 0.6;
 // The pooled acceptance, every sequence's observations: the starting point of a new sequence,
@@ -232,7 +237,9 @@ void lks_policy_seq_init(const lks_policy *p, lks_policy_seq *s) {
   for (int j = 0; j < LKS_MAX_DRAFTS; j++) {
     s->acc[j] = (float)(p ? p->acc[j] : ACC_PRIOR);
     int seen = p ? p->n_obs[j < p->depth ? j : p->depth > 0 ? p->depth - 1 : 0] : 0;
-    s->n_prior[j] = seen < 1 ? 1 : seen > POLICY_PRIOR_MOST ? POLICY_PRIOR_MOST : seen;
+    s->n_prior[j] = seen < POLICY_PRIOR_LEAST   ? POLICY_PRIOR_LEAST
+                    : seen > POLICY_PRIOR_MOST ? POLICY_PRIOR_MOST
+                                               : seen;
   }
 }
 
@@ -241,9 +248,11 @@ void lks_policy_observe(lks_policy *p, lks_policy_seq *s, int k, int accepted) {
   // never observed takes the acceptance of the deepest one observed (not the prior): a drafter
   // that is right 9 times in 10 at the first draft is tried deeper, one that is always wrong is
   // not. The average is a running mean while a new observation would weigh more than ACC_W (its
-  // starting value counting as n_prior observations: one for the pool's fixed guess, up to
-  // POLICY_PRIOR_MOST for a pool that has seen that many), so that a few drafts already say what
-  // the drafter is worth, and exponentially weighted after (the pool's own with POOL_W). Measured on the deep model, second and later requests of one server: with the pool
+  // starting value counting as n_prior observations: POLICY_PRIOR_LEAST for the pool's fixed
+  // guess, up to POLICY_PRIOR_MOST for a pool that has seen that many), so that a few drafts
+  // already say what the drafter is worth, and exponentially weighted after (the pool's own with
+  // POOL_W, its fixed guess also counting as POLICY_PRIOR_LEAST). Measured on the deep model,
+  // second and later requests of one server: with the pool
   // weighted as a sequence (0.2) and counting as one observation, a new sequence started from the
   // last few rounds of the one before (0.60-0.63 where the run's mean was 0.9), found that no K
   // paid, and decoded plainly for 92-99 % of its rows (x1.04-1.17 against the first request's
@@ -255,7 +264,7 @@ void lks_policy_observe(lks_policy *p, lks_policy_seq *s, int k, int accepted) {
     w = w > ACC_W ? w : ACC_W;
     s->acc[j] = (float)((1 - w) * s->acc[j] + w * x);
     if (p) {
-      w = 1.0 / (++p->n_obs[j] + 1);
+      w = 1.0 / (++p->n_obs[j] + POLICY_PRIOR_LEAST);
       w = w > POOL_W ? w : POOL_W;
       p->acc[j] = (1 - w) * p->acc[j] + w * x;
     }
