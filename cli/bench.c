@@ -3,6 +3,7 @@
 // Decode reads every active weight once per token (DESIGN.md section 11), so the figure that
 // matters is bytes read per token x tokens/s against the memory bandwidth measured here, with the
 // same number of threads, by streaming a buffer much larger than the caches.
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -328,18 +329,26 @@ static double decode_rate(const lks_spec_stats *st) {
 // figure alike: each repeat decodes n_dec tokens after the prompt without speculation (a new
 // scheduler), with proposer `spec` under the levers given (the adaptive policy unless the gate is
 // off) through one scheduler as a server's requests are (its first run meets a new policy: cold;
-// the later ones the policy the earlier runs left: warm), then with K = 1..k_max drafts every
-// step, the gate off (a new scheduler each: the roofline). Every ratio is taken within its
-// repeat and the medians are over the warm repeats (all of them when there is only one): each
-// figure is against the plain run right before it, never against one minutes away.
+// the later ones the policy the earlier runs left: warm), and with K = 1..k_max drafts every
+// step, the gate off (a new scheduler each: the roofline). The 2 + k_max runs of a repeat go in
+// turn, each repeat starting one run later in the list (repeat r: run r mod (2 + k_max) first),
+// so that a machine slowing down or speeding up across a repeat favours none of them. Every
+// ratio is taken within its repeat and the medians are over the warm repeats (all of them when
+// there is only one), never against a run minutes away. The achieved fraction
+// is also per repeat, the policy's rate over the best K's (the one with the best median) in the
+// same repeat, so that the plain run's own noise is not in it: on this project's 2-core host
+// two plain runs in a row differ by x0.92-1.09 on the default model.
 typedef struct {
   double t_plain, t_spec, rate_plain, rate_spec, ratio, ratio_cold;
+  double ratio_lo, ratio_hi;  // the least and most of the warm repeats' ratios
   int n_warm;
   double t_calibrate;  // seconds lks_sched_calibrate took before the first run
   // The roofline per K (index K - 1): a verify step's and one draft's cost over the repeat's
   // plain step, E[tokens/step], and the fixed-K decode rate over the repeat's plain rate.
   double verify[LKS_MAX_DRAFTS], draft[LKS_MAX_DRAFTS], e[LKS_MAX_DRAFTS], roof[LKS_MAX_DRAFTS];
-  double roof_cold;  // the cold repeat's best fixed-K ratio
+  double roof_best;           // the best median roofline (1: plain decoding, when no K beats it)
+  int k_best;                 // its K (0: plain decoding)
+  double frac, frac_cold;     // the achieved fraction, warm median and cold repeat's
   int k_max;
 } spec_medians;
 
@@ -356,77 +365,101 @@ static int bench_spec(lks_world *w, const lks_sched_opts *so, const char *spec,
                       lks_spec_stats *sst) {
   if (reps > 64) reps = 64;
   int k_max = so->n_drafts < LKS_MAX_DRAFTS ? so->n_drafts : LKS_MAX_DRAFTS;
-  // Per repeat: the plain and speculative times and rates, then 4 figures per K.
-  enum { F = 5 + 4 * LKS_MAX_DRAFTS };
-  double *v = calloc((size_t)reps * F, sizeof *v);
+  // Per repeat: the plain and speculative times, rates and their ratio, then 4 figures per K,
+  // then the fixed-K rates (index 5 + 5 * LKS_MAX_DRAFTS: plain's again, then K's).
+  enum { F = 5 + 4 * LKS_MAX_DRAFTS, R0 = F, G = F + 1 + LKS_MAX_DRAFTS };
+  double *v = calloc((size_t)reps * G, sizeof *v);
   int rc = v ? 0 : lks_set_error(LKS_ENOMEM, "out of memory");
   lks_sched_opts plain = *so, sp = *so, fixed = *so;
   snprintf(plain.spec, sizeof plain.spec, "off");
   snprintf(sp.spec, sizeof sp.spec, "%s", spec);
+  snprintf(fixed.spec, sizeof fixed.spec, "%s", spec);
   fixed.gate = false;
   lks_sched *srv = rc == 0 ? lks_sched_new(w, NULL, &sp) : NULL;
   if (rc == 0 && !srv) rc = -1;
   double t_cal = 0;
   if (rc == 0) rc = lks_sched_calibrate(srv, &t_cal);  // as serve does before its port opens
+  int n_runs = 2 + k_max;
   for (int r = 0; rc == 0 && r < reps; r++) {
-    double *x = v + (size_t)r * F;
+    double *x = v + (size_t)r * G;
     bench_clock bc = {w, 0, 0, 0, 0, 0, 0};
-    lks_spec_stats pst, kst;
-    // The pair in turn plain first and speculative first, so that a machine slowing down or
-    // speeding up across a repeat favours neither.
-    for (int j = 0; rc == 0 && j < 2; j++) {
+    lks_spec_stats pst = {0}, kst[LKS_MAX_DRAFTS] = {{0}};
+    // Run i of the list: 0 plain, 1 the policy, 1 + K fixed K.
+    for (int i = 0; rc == 0 && i < n_runs; i++) {
+      int run = (i + r) % n_runs;
       double t0 = lks_now();
-      if ((j == 0) == (r % 2 == 0)) {
+      if (run == 0) {
         rc = bench_run(w, &plain, tok, n_pre, n_dec, &bc, &pst);
         x[0] = lks_now() - t0;
-      } else {
+      } else if (run == 1) {
         rc = bench_run_in(w, srv, tok, n_pre, n_dec, &bc, sst);
         x[1] = lks_now() - t0;
+      } else {
+        fixed.n_drafts = run - 1;
+        rc = bench_run(w, &fixed, tok, n_pre, n_dec, &bc, &kst[run - 2]);
       }
     }
+    if (rc < 0) break;
     x[2] = decode_rate(&pst);
-    x[3] = rc == 0 ? decode_rate(sst) : 0;
+    x[3] = decode_rate(sst);
     x[4] = x[2] > 0 ? x[3] / x[2] : 0;
+    x[R0] = x[2];
     double t_step = pst.plain_steps ? pst.t_plain / (double)pst.plain_steps : 0;
-    for (int k = 1; rc == 0 && k <= k_max; k++) {
-      snprintf(fixed.spec, sizeof fixed.spec, "%s", spec);
-      fixed.n_drafts = k;
-      if ((rc = bench_run(w, &fixed, tok, n_pre, n_dec, &bc, &kst)) < 0 || !kst.spec_steps)
-        break;
+    for (int k = 1; k <= k_max; k++) {
+      const lks_spec_stats *ks = &kst[k - 1];
+      if (!ks->spec_steps) continue;
       // accepted[i] counts the rounds whose drafts up to i were all accepted, of proposed[i]
       // that drafted i: each ratio is already the product of the conditional rates, and E their
       // sum.
-      double steps = (double)kst.spec_steps, prop = kst.t_propose / steps, e = 1;
+      double steps = (double)ks->spec_steps, prop = ks->t_propose / steps, e = 1;
       for (int i = 0; i < k; i++)
-        e += kst.proposed[i] ? (double)kst.accepted[i] / (double)kst.proposed[i] : 0;
+        e += ks->proposed[i] ? (double)ks->accepted[i] / (double)ks->proposed[i] : 0;
       double *y = x + 5 + 4 * (k - 1);
-      y[0] = t_step > 0 ? (kst.t_spec / steps - prop) / t_step : 0;
+      y[0] = t_step > 0 ? (ks->t_spec / steps - prop) / t_step : 0;
       y[1] = t_step > 0 ? prop / k / t_step : 0;
       y[2] = e;
-      y[3] = x[2] > 0 ? decode_rate(&kst) / x[2] : 0;
+      y[3] = x[2] > 0 ? decode_rate(ks) / x[2] : 0;
+      x[R0 + k] = decode_rate(ks);
     }
   }
   lks_sched_free(srv);
   int w0 = reps > 1 ? 1 : 0;
   if (rc == 0) {
-    *md = (spec_medians){.t_plain = median_at(v, w0, reps, F, 0),
-                         .t_spec = median_at(v, w0, reps, F, 1),
-                         .rate_plain = median_at(v, w0, reps, F, 2),
-                         .rate_spec = median_at(v, w0, reps, F, 3),
-                         .ratio = median_at(v, w0, reps, F, 4),
+    *md = (spec_medians){.t_plain = median_at(v, w0, reps, G, 0),
+                         .t_spec = median_at(v, w0, reps, G, 1),
+                         .rate_plain = median_at(v, w0, reps, G, 2),
+                         .rate_spec = median_at(v, w0, reps, G, 3),
+                         .ratio = median_at(v, w0, reps, G, 4),
                          .ratio_cold = v[4],
+                         .ratio_lo = INFINITY,
+                         .ratio_hi = 0,
                          .n_warm = reps - w0,
                          .t_calibrate = t_cal,
-                         .roof_cold = 1,
+                         .roof_best = 1,
                          .k_max = k_max};
+    for (int r = w0; r < reps; r++) {
+      double q = v[(size_t)r * G + 4];
+      md->ratio_lo = q < md->ratio_lo ? q : md->ratio_lo;
+      md->ratio_hi = q > md->ratio_hi ? q : md->ratio_hi;
+    }
     for (int k = 1; k <= k_max; k++) {
       int j = 5 + 4 * (k - 1);
-      md->verify[k - 1] = median_at(v, w0, reps, F, j);
-      md->draft[k - 1] = median_at(v, w0, reps, F, j + 1);
-      md->e[k - 1] = median_at(v, w0, reps, F, j + 2);
-      md->roof[k - 1] = median_at(v, w0, reps, F, j + 3);
-      md->roof_cold = v[j + 3] > md->roof_cold ? v[j + 3] : md->roof_cold;
+      md->verify[k - 1] = median_at(v, w0, reps, G, j);
+      md->draft[k - 1] = median_at(v, w0, reps, G, j + 1);
+      md->e[k - 1] = median_at(v, w0, reps, G, j + 2);
+      md->roof[k - 1] = median_at(v, w0, reps, G, j + 3);
+      if (md->roof[k - 1] > md->roof_best) md->roof_best = md->roof[k - 1], md->k_best = k;
     }
+    // The fraction per repeat: the policy's rate over the best K's in the same repeat (plain
+    // decoding's when no K beats it); the cold one the first repeat's over its best run.
+    double fr[64], best_cold = v[R0];
+    for (int r = 0; r < reps; r++) {
+      double den = v[(size_t)r * G + R0 + md->k_best];
+      fr[r] = den > 0 ? v[(size_t)r * G + 3] / den : 0;
+    }
+    for (int k = 1; k <= k_max; k++) best_cold = v[R0 + k] > best_cold ? v[R0 + k] : best_cold;
+    md->frac = median(fr + w0, reps - w0);
+    md->frac_cold = best_cold > 0 ? v[3] / best_cold : 0;
   }
   free(v);
   return rc;
@@ -435,19 +468,14 @@ static int bench_spec(lks_world *w, const lks_sched_opts *so, const char *spec,
 // The speculation roofline (bench_spec's fixed-K runs): for K = 1..k_max a speculative step's
 // cost next to a plain step's (the drafter's part and the verify's), E[tokens per step] and the
 // speedup K gives, E x plain step time / speculative step time, the fixed-K decode rate over the
-// plain one's in the same repeat. *best_roof, *best_k: the best of them (1 and K = 0 when no K
-// beats plain decoding).
-static void roofline(const spec_medians *md, const char *spec, double *best_roof, int *best_k) {
-  printf("speculation roofline (--spec %s, the gate off, each K's run next to a plain one; "
-         "medians of %d):\n", spec, md->n_warm);
+// plain one's in the same repeat.
+static void roofline(const spec_medians *md, const char *spec) {
+  printf("speculation roofline (--spec %s, the gate off, each K's run in the repeat of a plain "
+         "one; medians of %d):\n", spec, md->n_warm);
   printf("  K  verify/plain  draft/plain  E[tokens/step]  roofline\n");
-  *best_roof = 1;
-  *best_k = 0;
-  for (int k = 1; k <= md->k_max; k++) {
+  for (int k = 1; k <= md->k_max; k++)
     printf("  %d  %12.2f  %11.3f  %14.3f  %8.3f\n", k, md->verify[k - 1], md->draft[k - 1],
            md->e[k - 1], md->roof[k - 1]);
-    if (md->roof[k - 1] > *best_roof) *best_roof = md->roof[k - 1], *best_k = k;
-  }
 }
 
 int lks_cmd_bench(lks_settings *s) {
@@ -620,20 +648,19 @@ int lks_cmd_bench(lks_settings *s) {
   for (int bi = 0; bi < n_widths; bi++)
     printf("; batch %d: %.1f tok/s greedy, %.1f sampled", widths[bi], brate[bi][0], brate[bi][1]);
   printf("\n");
-  double roof = 1;
-  int roof_k = 0;
   if (t_spec_run > 0) {
-    roofline(&md, spec, &roof, &roof_k);
+    roofline(&md, spec);
     // The run under the levers given (the adaptive policy unless --spec-gate false) against the
     // roofline's best K (plain decoding, x1, when no K pays).
     uint64_t rows = 0;
     for (int i = 0; i <= sst.k_max; i++) rows += sst.k_rows[i];
-    printf("%s: decode %.2f tokens/s vs %.2f plain (x%.3f, median of %d warm runs' ratios; the "
-           "cold first run x%.3f, after %.2f s measuring step costs at start); roofline: x%.3f at "
-           "K=%d; achieved fraction %.3f (cold %.3f); K per decode row (last run):",
+    printf("%s: decode %.2f tokens/s vs %.2f plain (x%.3f, median of %d warm runs' ratios, "
+           "x%.3f-%.3f; the cold first run x%.3f, after %.2f s measuring step costs at start); "
+           "roofline: x%.3f at K=%d; achieved fraction %.3f (cold %.3f; per repeat, over that "
+           "repeat's K=%d run); K per decode row (last run):",
            so.gate ? "policy" : "fixed K", md.rate_spec, md.rate_plain, md.ratio, md.n_warm,
-           md.ratio_cold, md.t_calibrate, roof, roof_k, md.ratio / roof,
-           md.ratio_cold / md.roof_cold);
+           md.ratio_lo, md.ratio_hi, md.ratio_cold, md.t_calibrate, md.roof_best, md.k_best,
+           md.frac, md.frac_cold, md.k_best);
     for (int i = 0; i <= sst.k_max; i++)
       printf(" %d: %.0f%%", i, rows ? 100.0 * (double)sst.k_rows[i] / (double)rows : 0.0);
     printf("\n");
