@@ -15,7 +15,9 @@
 // it costs what it costs in a plain step (the shared plain(w)).
 //
 // The costs are medians per batch width of the last samples the scheduler measures on rank 0,
-// at width 1 before any request (lks_sched_calibrate); at a width not measured yet, plain steps
+// at width 1 before any request (lks_sched_calibrate); a draft's and a verify row's as ratios to
+// the plain step's cost when they were measured, so that all of them follow the plain step's
+// (see lks_policy_record); at a width not measured yet, plain steps
 // (after one warm-up step, not counted) and one-draft steps are measured first; a
 // deeper K's row cost, until measured, is the one below it (it is tried when that says it
 // pays), and the neighbours of the chosen K are
@@ -90,7 +92,8 @@ static double ring_put(ring *r, double x) {
 struct lks_policy {
   int k_max, n_widths;
   lks_policy_costs *c;  // [n_widths]; wider batches share the last
-  width_rings *r;       // [n_widths] the samples behind c
+  lks_policy_costs *q;  // [n_widths] draft and row[] as ratios to plain (the medians of r)
+  width_rings *r;       // [n_widths] the samples behind c and q
   int *n_plain, *n_draft, (*n_row)[LKS_MAX_DRAFTS + 1];  // samples per cost, [n_widths]
   int *since_probe, *last_k, *probe_k, *probe_left;      // [n_widths]
   int *since_plain;  // [n_widths] speculative steps since the last plain one
@@ -186,6 +189,7 @@ lks_policy *lks_policy_new(int max_width, int k_max) {
   p->n_widths = max_width;
   size_t n = (size_t)max_width;
   p->c = calloc(n, sizeof *p->c);
+  p->q = calloc(n, sizeof *p->q);
   p->r = calloc(n, sizeof *p->r);
   p->n_plain = calloc(n, sizeof *p->n_plain);
   p->n_draft = calloc(n, sizeof *p->n_draft);
@@ -198,7 +202,7 @@ lks_policy *lks_policy_new(int max_width, int k_max) {
   p->probe_every = calloc(n, sizeof *p->probe_every);
   p->probe_from = calloc(n, sizeof *p->probe_from);
   p->ceiling = calloc(n, sizeof *p->ceiling);
-  if (!p->c || !p->r || !p->n_plain || !p->n_draft || !p->n_row || !p->since_probe ||
+  if (!p->c || !p->q || !p->r || !p->n_plain || !p->n_draft || !p->n_row || !p->since_probe ||
       !p->since_plain || !p->last_k || !p->probe_k || !p->probe_left || !p->probe_every ||
       !p->probe_from || !p->ceiling) {
     lks_policy_free(p);
@@ -213,6 +217,7 @@ lks_policy *lks_policy_new(int max_width, int k_max) {
 void lks_policy_free(lks_policy *p) {
   if (!p) return;
   free(p->c);
+  free(p->q);
   free(p->r);
   free(p->n_plain);
   free(p->n_draft);
@@ -282,21 +287,33 @@ void lks_policy_observe(lks_policy *p, lks_policy_seq *s, int k, int accepted) {
 }
 
 
+// A draft's and a verify row's cost are kept as ratios to the plain step's cost when they were
+// measured, and turned into seconds with the plain cost of now: the plain cost follows every
+// plain step, the others only the steps that draft, and a plain step costs more as the context
+// grows (attention) and on a shared machine's slow stretches. Kept in seconds, the ones measured
+// early made drafting look cheap later: on the default model (which no K pays) plain steps went
+// from 0.39 ms at the start-up measurement to 0.62 ms after 500 positions, rows measured at the
+// start stayed 0.15 ms, and the policy drafted two tokens in 16 % of its rows (x0.81-0.89 of
+// plain decoding).
 void lks_policy_record(lks_policy *p, int w, int K, int R, double t_propose, double t_step) {
   if (t_step <= 0) return;
   int wi = width_index(p, w);
+  lks_policy_costs *c = &p->c[wi], *q = &p->q[wi];
   if (K == 0) {
     // The first plain step of a width warms caches and buffers up (measured: 1.5x the ones
     // after it on the default model), and a plain cost set too high makes every draft look free.
-    if (p->n_plain[wi]++ > 0) p->c[wi].plain = ring_put(&p->r[wi].plain, t_step);
-    return;
+    if (p->n_plain[wi]++ == 0) return;
+    c->plain = ring_put(&p->r[wi].plain, t_step);
+  } else {
+    if (K > p->k_max || R <= 0 || p->n_plain[wi] < 2) return;
+    double plain = c->plain, verify = t_step - t_propose - plain;
+    q->draft = ring_put(&p->r[wi].draft, t_propose / K / plain);
+    p->n_draft[wi]++;
+    q->row[K] = ring_put(&p->r[wi].row[K], verify > 0 ? verify / R / plain : 0);
+    p->n_row[wi][K]++;
   }
-  if (K > p->k_max || R <= 0 || p->n_plain[wi] < 2) return;
-  p->c[wi].draft = ring_put(&p->r[wi].draft, t_propose / K);
-  p->n_draft[wi]++;
-  double verify = t_step - t_propose - p->c[wi].plain;
-  p->c[wi].row[K] = ring_put(&p->r[wi].row[K], verify > 0 ? verify / R : 0);
-  p->n_row[wi][K]++;
+  c->draft = q->draft * c->plain;
+  for (int k = 1; k <= LKS_MAX_DRAFTS; k++) c->row[k] = q->row[k] * c->plain;
 }
 
 bool lks_policy_measured(const lks_policy *p, int w, int k_max) {

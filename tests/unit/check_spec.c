@@ -372,6 +372,34 @@ START_TEST(policy_plain_cost_stays_fresh) {
 }
 END_TEST
 
+// Every cost grows with the plain step's (a growing context, a slower stretch of a shared
+// machine): calibrated at plain 10 ms, a draft 4 ms and a verify row 5 ms, where a drafter right
+// 7 times in 10 does not pay (K = 1: 1.7 tokens in 19 ms against 1 in 10), then every step
+// costs more and more, up to 5x after 400 steps. The policy decodes plainly but for its probes.
+// With the draft and row costs kept in seconds, the plain steps' growing cost made the ones
+// measured earlier look cheap (K = 1 paid, by the model, once the plain step cost 1.4x what it
+// cost when they were measured), and it drafted again and again, measuring them anew each time.
+START_TEST(policy_costs_follow_the_plain_step) {
+  lks_policy *p = lks_policy_new(1, LKS_MAX_DRAFTS);
+  ck_assert_ptr_nonnull(p);
+  calibrated_at(p, 0.010, 0.004, 0.005);
+  lks_policy_seq a;
+  lks_policy_seq_init(p, &a);
+  lks_policy_seq *seqs[1] = {&a};
+  int kcap[1] = {3}, k[1], scratch[1], late = 0, n_round = 0;
+  for (int step = 0; step < 400; step++) {
+    int K = lks_policy_pick(p, seqs, kcap, 1, k, scratch);
+    double scale = 1 + step / 100.0;
+    lks_policy_record(p, 1, K, K, scale * K * 0.004, scale * (0.010 + K * (0.004 + 0.005)));
+    if (K) lks_policy_observe(p, &a, K, ++n_round % 10 < 7 ? 1 : 0);
+    if (step >= 50) late += K > 0;
+  }
+  // The probes alone: at most one every 160 steps from plain decoding here (two steps each).
+  ck_assert_msg(late <= 6, "%d of the steps after the 50th drafted", late);
+  lks_policy_free(p);
+}
+END_TEST
+
 START_TEST(policy_first_drafts_after_calibration) {
   lks_policy *p = lks_policy_new(1, LKS_MAX_DRAFTS);
   ck_assert_ptr_nonnull(p);
@@ -439,6 +467,7 @@ int main(void) {
   tcase_add_test(tc, rejection_sampling_is_lossless);
   tcase_add_test(tc, policy_first_drafts_after_calibration);
   tcase_add_test(tc, policy_plain_cost_stays_fresh);
+  tcase_add_test(tc, policy_costs_follow_the_plain_step);
   tcase_add_test(tc, rejection_edge_cases);
   tcase_add_test(tc, greedy_acceptance);
   tcase_add_test(tc, ladder);
