@@ -347,6 +347,25 @@ static void calibrated_at(lks_policy *p, double plain, double draft, double row)
 // A draft 1 ms and a verify row 5 ms.
 static void calibrated(lks_policy *p, double plain) { calibrated_at(p, plain, 0.001, 0.005); }
 
+// Steps of one sequence at width 1 whose step i costs (1 + grow * i) x (plain + K (draft + row))
+// of which K draft in the drafter, its drafts right `right` times in 10 (the first of each
+// round); returns how many of the steps from `from` on drafted.
+static int drafted_from(lks_policy *p, int steps, int from, double grow, double plain,
+                        double draft, double row, int right) {
+  lks_policy_seq a;
+  lks_policy_seq_init(p, &a);
+  lks_policy_seq *seqs[1] = {&a};
+  int kcap[1] = {3}, k[1], scratch[1], late = 0, n_round = 0;
+  for (int step = 0; step < steps; step++) {
+    int K = lks_policy_pick(p, seqs, kcap, 1, k, scratch);
+    double scale = 1 + grow * step;
+    lks_policy_record(p, 1, K, K, scale * K * draft, scale * (plain + K * (draft + row)));
+    if (K) lks_policy_observe(p, &a, K, ++n_round % 10 < right ? 1 : 0);
+    if (step >= from) late += K > 0;
+  }
+  return late;
+}
+
 // A plain cost measured while the machine ran slow: calibrated at plain 20 ms (draft 1 ms, a
 // verify row 5 ms), then the machine runs at plain 10 ms, where a drafter right half the time
 // does not pay (K = 1: 1.5 tokens in 16 ms). While it drafts, the policy's plain steps bring
@@ -356,16 +375,7 @@ START_TEST(policy_plain_cost_stays_fresh) {
   lks_policy *p = lks_policy_new(1, LKS_MAX_DRAFTS);
   ck_assert_ptr_nonnull(p);
   calibrated(p, 0.020);
-  lks_policy_seq a;
-  lks_policy_seq_init(p, &a);
-  lks_policy_seq *seqs[1] = {&a};
-  int kcap[1] = {3}, k[1], scratch[1], late = 0, n_round = 0;
-  for (int step = 0; step < 400; step++) {
-    int K = lks_policy_pick(p, seqs, kcap, 1, k, scratch);
-    lks_policy_record(p, 1, K, K, K * 0.001, 0.010 + K * 0.006);
-    if (K) lks_policy_observe(p, &a, K, ++n_round % 2 ? 1 < K ? 1 : K : 0);
-    if (step >= 300) late += K > 0;
-  }
+  int late = drafted_from(p, 400, 300, 0, 0.010, 0.001, 0.005, 5);
   ck_assert(fabs(lks_policy_costs_at(p, 1)->plain - 0.010) < 1e-9);
   ck_assert_msg(late <= 4, "%d of the last 100 steps drafted", late);
   lks_policy_free(p);
@@ -378,22 +388,13 @@ END_TEST
 // costs more and more, up to 5x after 400 steps. The policy decodes plainly but for its probes.
 // With the draft and row costs kept in seconds, the plain steps' growing cost made the ones
 // measured earlier look cheap (K = 1 paid, by the model, once the plain step cost 1.4x what it
-// cost when they were measured), and it drafted again and again, measuring them anew each time.
+// cost when they were measured), and it drafted again and again, measuring them anew each time
+// (24 of the 350 steps after the 50th).
 START_TEST(policy_costs_follow_the_plain_step) {
   lks_policy *p = lks_policy_new(1, LKS_MAX_DRAFTS);
   ck_assert_ptr_nonnull(p);
   calibrated_at(p, 0.010, 0.004, 0.005);
-  lks_policy_seq a;
-  lks_policy_seq_init(p, &a);
-  lks_policy_seq *seqs[1] = {&a};
-  int kcap[1] = {3}, k[1], scratch[1], late = 0, n_round = 0;
-  for (int step = 0; step < 400; step++) {
-    int K = lks_policy_pick(p, seqs, kcap, 1, k, scratch);
-    double scale = 1 + step / 100.0;
-    lks_policy_record(p, 1, K, K, scale * K * 0.004, scale * (0.010 + K * (0.004 + 0.005)));
-    if (K) lks_policy_observe(p, &a, K, ++n_round % 10 < 7 ? 1 : 0);
-    if (step >= 50) late += K > 0;
-  }
+  int late = drafted_from(p, 400, 50, 0.01, 0.010, 0.004, 0.005, 7);
   // The probes alone: at most one every 160 steps from plain decoding here (two steps each).
   ck_assert_msg(late <= 6, "%d of the steps after the 50th drafted", late);
   lks_policy_free(p);
