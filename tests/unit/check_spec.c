@@ -307,10 +307,8 @@ END_TEST
 // optimistic while its pool has seen few rounds: a drafter right 9 times in 10 drafts from the
 // first step on (without the optimism it decoded plainly until the first probe, 32 steps), one
 // that is always wrong stops after its first round.
-// Steps of the first `steps` that drafted, the drafter right except every `miss`-th round
-// (miss 1: always wrong).
 // Steps of the first `steps` that drafted, one sequence whose first `early` rounds are rejected
-// at their first draft and every miss-th round after.
+// at their first draft and every miss-th round after (miss 1: always wrong).
 static int drafted_steps_after(lks_policy *p, int steps, int miss, int early) {
   lks_policy_seq a;
   lks_policy_seq_init(p, &a);
