@@ -365,10 +365,9 @@ static int bench_spec(lks_world *w, const lks_sched_opts *so, const char *spec,
                       lks_spec_stats *sst) {
   if (reps > 64) reps = 64;
   int k_max = so->n_drafts < LKS_MAX_DRAFTS ? so->n_drafts : LKS_MAX_DRAFTS;
-  // Per repeat: the plain and speculative times, rates and their ratio, then 4 figures per K,
-  // then the fixed-K rates (index 5 + 5 * LKS_MAX_DRAFTS: plain's again, then K's).
-  enum { F = 5 + 4 * LKS_MAX_DRAFTS, R0 = F, G = F + 1 + LKS_MAX_DRAFTS };
-  double *v = calloc((size_t)reps * G, sizeof *v);
+  // Per repeat: the plain and speculative times, rates and their ratio, then 4 figures per K.
+  enum { F = 5 + 4 * LKS_MAX_DRAFTS };
+  double *v = calloc((size_t)reps * F, sizeof *v);
   int rc = v ? 0 : lks_set_error(LKS_ENOMEM, "out of memory");
   lks_sched_opts plain = *so, sp = *so, fixed = *so;
   snprintf(plain.spec, sizeof plain.spec, "off");
@@ -381,7 +380,7 @@ static int bench_spec(lks_world *w, const lks_sched_opts *so, const char *spec,
   if (rc == 0) rc = lks_sched_calibrate(srv, &t_cal);  // as serve does before its port opens
   int n_runs = 2 + k_max;
   for (int r = 0; rc == 0 && r < reps; r++) {
-    double *x = v + (size_t)r * G;
+    double *x = v + (size_t)r * F;
     bench_clock bc = {w, 0, 0, 0, 0, 0, 0};
     lks_spec_stats pst = {0}, kst[LKS_MAX_DRAFTS] = {{0}};
     // Run i of the list: 0 plain, 1 the policy, 1 + K fixed K.
@@ -403,7 +402,6 @@ static int bench_spec(lks_world *w, const lks_sched_opts *so, const char *spec,
     x[2] = decode_rate(&pst);
     x[3] = decode_rate(sst);
     x[4] = x[2] > 0 ? x[3] / x[2] : 0;
-    x[R0] = x[2];
     double t_step = pst.plain_steps ? pst.t_plain / (double)pst.plain_steps : 0;
     for (int k = 1; k <= k_max; k++) {
       const lks_spec_stats *ks = &kst[k - 1];
@@ -419,17 +417,16 @@ static int bench_spec(lks_world *w, const lks_sched_opts *so, const char *spec,
       y[1] = t_step > 0 ? prop / k / t_step : 0;
       y[2] = e;
       y[3] = x[2] > 0 ? decode_rate(ks) / x[2] : 0;
-      x[R0 + k] = decode_rate(ks);
     }
   }
   lks_sched_free(srv);
   int w0 = reps > 1 ? 1 : 0;
   if (rc == 0) {
-    *md = (spec_medians){.t_plain = median_at(v, w0, reps, G, 0),
-                         .t_spec = median_at(v, w0, reps, G, 1),
-                         .rate_plain = median_at(v, w0, reps, G, 2),
-                         .rate_spec = median_at(v, w0, reps, G, 3),
-                         .ratio = median_at(v, w0, reps, G, 4),
+    *md = (spec_medians){.t_plain = median_at(v, w0, reps, F, 0),
+                         .t_spec = median_at(v, w0, reps, F, 1),
+                         .rate_plain = median_at(v, w0, reps, F, 2),
+                         .rate_spec = median_at(v, w0, reps, F, 3),
+                         .ratio = median_at(v, w0, reps, F, 4),
                          .ratio_cold = v[4],
                          .ratio_lo = INFINITY,
                          .ratio_hi = 0,
@@ -438,28 +435,33 @@ static int bench_spec(lks_world *w, const lks_sched_opts *so, const char *spec,
                          .roof_best = 1,
                          .k_max = k_max};
     for (int r = w0; r < reps; r++) {
-      double q = v[(size_t)r * G + 4];
+      double q = v[(size_t)r * F + 4];
       md->ratio_lo = q < md->ratio_lo ? q : md->ratio_lo;
       md->ratio_hi = q > md->ratio_hi ? q : md->ratio_hi;
     }
     for (int k = 1; k <= k_max; k++) {
       int j = 5 + 4 * (k - 1);
-      md->verify[k - 1] = median_at(v, w0, reps, G, j);
-      md->draft[k - 1] = median_at(v, w0, reps, G, j + 1);
-      md->e[k - 1] = median_at(v, w0, reps, G, j + 2);
-      md->roof[k - 1] = median_at(v, w0, reps, G, j + 3);
+      md->verify[k - 1] = median_at(v, w0, reps, F, j);
+      md->draft[k - 1] = median_at(v, w0, reps, F, j + 1);
+      md->e[k - 1] = median_at(v, w0, reps, F, j + 2);
+      md->roof[k - 1] = median_at(v, w0, reps, F, j + 3);
       if (md->roof[k - 1] > md->roof_best) md->roof_best = md->roof[k - 1], md->k_best = k;
     }
     // The fraction per repeat: the policy's rate over the best K's in the same repeat (plain
-    // decoding's when no K beats it); the cold one the first repeat's over its best run.
-    double fr[64], best_cold = v[R0];
+    // decoding's when no K beats it), the ratio of their ratios to that repeat's plain rate;
+    // the cold one the first repeat's over its best run.
+    double fr[64], best_cold = 1;
     for (int r = 0; r < reps; r++) {
-      double den = v[(size_t)r * G + R0 + md->k_best];
-      fr[r] = den > 0 ? v[(size_t)r * G + 3] / den : 0;
+      const double *x = v + (size_t)r * F;
+      double den = md->k_best ? x[5 + 4 * (md->k_best - 1) + 3] : 1;
+      fr[r] = den > 0 ? x[4] / den : 0;
     }
-    for (int k = 1; k <= k_max; k++) best_cold = v[R0 + k] > best_cold ? v[R0 + k] : best_cold;
+    for (int k = 1; k <= k_max; k++) {
+      double roof = v[5 + 4 * (k - 1) + 3];
+      best_cold = roof > best_cold ? roof : best_cold;
+    }
     md->frac = median(fr + w0, reps - w0);
-    md->frac_cold = best_cold > 0 ? v[3] / best_cold : 0;
+    md->frac_cold = v[4] / best_cold;
   }
   free(v);
   return rc;

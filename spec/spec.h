@@ -111,8 +111,8 @@ int lks_ladder_k(const lks_ladder *l, int width, int k_max);
 // One batch width's step costs in seconds, as measured (0: not yet): a plain step, one chained
 // draft step of the drafter, and one extra verify row in a step whose deepest verify has K
 // drafts (row[K]; row[0] unused); the draft and the rows as their ratios to the plain step when
-// they were measured, times the plain step's cost now. A step of w sequences drafting k_i, K = max k_i, R = sum k_i,
-// costs plain + K * draft + R * row[K] (plain alone when K = 0).
+// they were measured, times the plain step's cost now. A step of w sequences drafting k_i,
+// K = max k_i, R = sum k_i, costs plain + K * draft + R * row[K] (plain alone when K = 0).
 typedef struct lks_policy_costs {
   double plain, draft;
   double row[LKS_MAX_DRAFTS + 1];
