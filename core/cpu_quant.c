@@ -270,6 +270,15 @@ AVX512 INLINE __m512 fp8x16_avx512(const uint8_t *p) {
   return _mm512_cvtph_ps(h);
 }
 
+// 32 codes, the values of fp8x16_avx512 on p and p + 16: one 512-bit widening, shift and mask
+// for the 32, then each half converted (10 uops for 32 weights and their FMAs, against 12).
+AVX512 INLINE void fp8x32_avx512(const uint8_t *p, __m512 *w0, __m512 *w1) {
+  __m512i h = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)p));
+  h = _mm512_and_si512(_mm512_slli_epi16(h, 7), _mm512_set1_epi16((short)0xBF80));
+  *w0 = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+  *w1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+}
+
 AVX512 INLINE void fp8_avx512_n(const uint8_t *w, const float *bs, int64_t blk,
                                 const float *const *x, int64_t K, float *out, const int NX) {
   __m512 acc[LKS__QROWS][2], p[LKS__QROWS][2];
@@ -281,7 +290,8 @@ AVX512 INLINE void fp8_avx512_n(const uint8_t *w, const float *bs, int64_t blk,
     LKS_UNROLL
     for (int t = 0; t < NX; t++) p[t][0] = p[t][1] = _mm512_setzero_ps();
     for (; k + 32 <= k1; k += 32) {
-      __m512 w0 = fp8x16_avx512(w + k), w1 = fp8x16_avx512(w + k + 16);
+      __m512 w0, w1;
+      fp8x32_avx512(w + k, &w0, &w1);
       LKS_UNROLL
       for (int t = 0; t < NX; t++) {
         p[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + k), p[t][0]);
@@ -475,8 +485,10 @@ AVX512 INLINE void fp8_avx512_w(const uint8_t *const *w, const uint8_t *const *a
       }
       LKS_UNROLL
       for (int r = 0; r < NW; r++) {
-        p[r][0] = _mm512_fmadd_ps(fp8x16_avx512(w[r] + k), x0, p[r][0]);
-        p[r][1] = _mm512_fmadd_ps(fp8x16_avx512(w[r] + k + 16), x1, p[r][1]);
+        __m512 w0, w1;
+        fp8x32_avx512(w[r] + k, &w0, &w1);
+        p[r][0] = _mm512_fmadd_ps(w0, x0, p[r][0]);
+        p[r][1] = _mm512_fmadd_ps(w1, x1, p[r][1]);
       }
     }
     if (k + 16 <= k1) {
