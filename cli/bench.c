@@ -197,7 +197,14 @@ typedef struct {
   lks_world *w;
   double t_first, t_last, ctl0, exec0, comm0;
   int n;
+  uint64_t coll0;  // rank 0's collectives so far
 } bench_clock;
+
+// Rank 0's collectives of every kind so far.
+static uint64_t collectives(const lks_world *w) {
+  const lks_comm_stats *c = &w->comm->stats;
+  return c->allreduce + c->allgather + c->broadcast + c->argmax + c->vote + c->barrier;
+}
 
 static void bench_token(void *ctx, int32_t tok, bool eos) {
   (void)tok, (void)eos;
@@ -208,6 +215,8 @@ static void bench_token(void *ctx, int32_t tok, bool eos) {
     c->ctl0 = c->w->t_control;
     c->exec0 = c->w->t_exec;
     c->comm0 = c->w->t_comm;
+    c->coll0 = collectives(c->w);
+    if (c->w->ctl) lks_ctl_window(c->w->ctl);  // the workers' times from here on
   }
 }
 
@@ -381,7 +390,7 @@ static int bench_spec(lks_world *w, const lks_sched_opts *so, const char *spec,
   int n_runs = 2 + k_max;
   for (int r = 0; rc == 0 && r < reps; r++) {
     double *x = v + (size_t)r * F;
-    bench_clock bc = {w, 0, 0, 0, 0, 0, 0};
+    bench_clock bc = {w, 0, 0, 0, 0, 0, 0, 0};
     lks_spec_stats pst = {0}, kst[LKS_MAX_DRAFTS] = {{0}};
     // Run i of the list: 0 plain, 1 the policy, 1 + K fixed K.
     for (int i = 0; rc == 0 && i < n_runs; i++) {
@@ -524,6 +533,8 @@ int lks_cmd_bench(lks_settings *s) {
   int32_t *tok = malloc((size_t)len * sizeof *tok);
   double *tp = malloc((size_t)reps * sizeof *tp), *td = malloc((size_t)reps * sizeof *td);
   double ctl = 0, exec = 0, comm = 0;
+  double wcomm_lo = 0, wcomm_hi = 0, wexec = 0;  // the other ranks' (their acks)
+  double n_coll = 0;                              // collectives a decode step
   if (!tok || !tp || !td) goto fail;
   if (len > (int)lks_settings_int(s, "max-seq-len")) {
     lks_set_error(LKS_EINVAL, "--prefill-len + --decode-len exceed --max-seq-len");
@@ -542,7 +553,7 @@ int lks_cmd_bench(lks_settings *s) {
   so.chunk = n_pre;
   so.max_queue = 1;
   for (int r = 0; r < reps; r++) {
-    bench_clock bc = {w, 0, 0, 0, 0, 0, 0};
+    bench_clock bc = {w, 0, 0, 0, 0, 0, 0, 0};
     snprintf(so.spec, sizeof so.spec, "off");
     double t0 = lks_now();
     if (bench_run(w, &so, tok, n_pre, n_dec + 1, &bc, NULL) < 0) goto fail;
@@ -551,6 +562,12 @@ int lks_cmd_bench(lks_settings *s) {
     ctl += (w->t_control - bc.ctl0) / n_dec / reps;
     exec += (w->t_exec - bc.exec0) / n_dec / reps;
     comm += (w->t_comm - bc.comm0) / n_dec / reps;
+    n_coll += (double)(collectives(w) - bc.coll0) / n_dec / reps;
+    if (w->ctl) {
+      double lo, hi, ex;
+      if (lks_ctl_window_times(w->ctl, 10, &lo, &hi, &ex) < 0) goto fail;
+      wcomm_lo += lo / n_dec / reps, wcomm_hi += hi / n_dec / reps, wexec += ex / n_dec / reps;
+    }
   }
   // Speculation: the same prompt and length with and without the proposer.
   const char *spec = lks_settings_str(s, "spec");
@@ -577,6 +594,22 @@ int lks_cmd_bench(lks_settings *s) {
   printf("decode step on rank 0: compute %.3f ms, collectives %.3f ms, control plane %.1f us "
          "(send); heartbeat round trip %.1f us\n",
          exec * 1e3, comm * 1e3, ctl * 1e6, rtt * 1e6);
+  // A rank's time in a collective is its wait for the last rank to arrive plus the collective's
+  // own cost: that cost is about the start-up's all-reduce time with every rank present (the
+  // smaller collectives of a step cost less), the rest is waiting for a slower rank.
+  if (w->ctl) {
+    printf("decode step on the other ranks: compute %.3f ms (the slowest), collectives %.3f-%.3f "
+           "ms\n",
+           wexec * 1e3, wcomm_lo * 1e3, wcomm_hi * 1e3);
+    if (w->allreduce_s > 0) {
+      double own = n_coll * w->allreduce_s, own_c = own < comm ? own : comm;
+      printf("collectives a decode step: %.1f, an all-reduce of a row %.1f us with every rank "
+             "present (measured at start): on rank 0 about %.3f ms of transfers and %.3f ms "
+             "waiting for a slower rank (%.1f%% and %.1f%% of a step)\n",
+             n_coll, w->allreduce_s * 1e6, own_c * 1e3, (comm - own_c) * 1e3,
+             100 * own_c * dec_tps, 100 * (comm - own_c) * dec_tps);
+    }
+  }
   printf("bytes read per decoded token on rank 0: %.1f MB (weights %.1f MB + KV %.2f MB)\n",
          bytes_tok / 1e6, st.bytes_per_token / 1e6, kv_bytes / 1e6);
   printf("memory bandwidth (measured, %d threads): %.2f GB/s\n", threads, bw / 1e9);
@@ -608,7 +641,7 @@ int lks_cmd_bench(lks_settings *s) {
     snprintf(lo.spec, sizeof lo.spec, "off");
     int rr = 0;
     for (int r = 0; r < reps && rr == 0; r++) {
-      bench_clock bc = {w, 0, 0, 0, 0, 0, 0};
+      bench_clock bc = {w, 0, 0, 0, 0, 0, 0, 0};
       double t0 = lks_now();
       rr = bench_run(w, &lo, pt, L, 1, &bc, NULL);
       tl[r] = bc.t_first - t0;

@@ -34,7 +34,8 @@ typedef struct {
   lks_tensor router;    // [E, H]
   lks_tensor e_bias;    // [E]
   ffn_w *experts;       // [E]
-  ffn_w shared;         // shared experts, intermediate moe_inter * n_shared
+  ffn_w shared;         // shared experts, intermediate moe_inter * n_shared: this rank's rows
+  ffn_w shared_all;     // world > 1, host routing: all of them too (see moe)
   // MTP layer only
   lks_tensor enorm, hnorm, eh_proj, head_norm;
 } layer_w;
@@ -81,7 +82,8 @@ struct lks_model {
   acts a;
   // Host scratch for routing and expert dispatch.
   int32_t *route_ids, *exp_rows, *exp_count;
-  lks_expert_call *exp_calls;  // [n_experts + 1]: this layer's routed experts, then the shared
+  int32_t *sh_rows;            // [2 * cap]: the rows of the whole shared expert, then the split's
+  lks_expert_call *exp_calls;  // [n_experts + 2]: this layer's routed experts, then the shared
   float *route_w, *exp_w;
   int route_cap;
   int32_t *slots;
@@ -345,6 +347,9 @@ ffn:
     if (c->n_shared > 0) {
       snprintf(n, sizeof n, "model.layers.%d.mlp.shared_experts", l);
       bind_ffn(m, mtp, n, c->moe_inter * c->n_shared, sh->sh0, sh->shared, &L->shared);
+      if (sh->world > 1 && !m->be->ops->moe)
+        bind_ffn(m, mtp, n, c->moe_inter * c->n_shared, 0, c->moe_inter * c->n_shared,
+                 &L->shared_all);
     }
   }
   if (mtp) {
@@ -506,6 +511,7 @@ void lks_model_free(lks_model *m) {
   free(m->route_ids);
   free(m->route_w);
   free(m->exp_rows);
+  free(m->sh_rows);
   free(m->exp_w);
   free(m->exp_count);
   free(m->exp_calls);
@@ -588,9 +594,11 @@ static int reserve(lks_model *m, int n) {
   if (slots) m->slots = slots;
   int32_t *sub = realloc(m->sub, 4 * N * sizeof *sub);
   if (sub) m->sub = sub;
+  int32_t *shr = realloc(m->sh_rows, 2 * N * sizeof *shr);
+  if (shr) m->sh_rows = shr;
   if (!m->exp_count) m->exp_count = calloc((size_t)c->n_experts + 1, sizeof *m->exp_count);
-  if (!m->exp_calls) m->exp_calls = calloc((size_t)c->n_experts + 1, sizeof *m->exp_calls);
-  if (!ids || !w || !rows || !ew || !slots || !sub || !m->exp_count || !m->exp_calls)
+  if (!m->exp_calls) m->exp_calls = calloc((size_t)c->n_experts + 2, sizeof *m->exp_calls);
+  if (!ids || !w || !rows || !ew || !slots || !sub || !shr || !m->exp_count || !m->exp_calls)
     return lks_set_error(LKS_ENOMEM, "cannot allocate routing for %d rows", n);
   m->a.cap = n;
   return 0;
@@ -598,6 +606,36 @@ static int reserve(lks_model *m, int n) {
 
 static lks_tensor act(lks_buf *b, int n, int cols) {
   return lks_tensor_2d(b, 0, LKS_F32, n, cols);
+}
+
+// The shared expert's calls after the n_calls routed ones (world > 1, host routing), row by row:
+// the whole shared expert on the one rank that runs the fewest of the row's routed experts
+// (none on the others), or, where several ranks run the fewest, each its rows of it (as at
+// world 1 split). A MoE layer waits for its slowest rank, and with experts in blocks a token's
+// top-k fall unevenly (8 of 32 over two ranks: 1.9 experts apart on average): the shared
+// expert on the lighter rank halves that where it can. Each row's arithmetic depends on its own
+// routing only, never on the other rows of the batch.
+static int shared_balanced(lks_model *m, const layer_w *L, int n, int n_calls) {
+  const lks_config *c = &m->cfg;
+  int W = m->sh.world, per = m->sh.n_experts, me = m->sh.rank, nf = 0, ns = 0;
+  int32_t *full = m->sh_rows, *split = m->sh_rows + n;
+  for (int r = 0; r < n; r++) {
+    int cnt[64] = {0}, lo = 0, n_lo = 0;
+    if (W <= 64) {
+      for (int j = 0; j < c->top_k; j++) cnt[m->route_ids[r * c->top_k + j] / per]++;
+      for (int k = 1; k < W; k++) lo = cnt[k] < cnt[lo] ? k : lo;
+      for (int k = 0; k < W; k++) n_lo += cnt[k] == cnt[lo];
+    }
+    if (n_lo != 1) split[ns++] = r;  // a tie (or more than 64 ranks): split
+    else if (lo == me) full[nf++] = r;
+  }
+  if (nf)
+    m->exp_calls[n_calls++] = (lks_expert_call){L->shared_all.gate, L->shared_all.up,
+                                                L->shared_all.down, full, NULL, nf};
+  if (ns)
+    m->exp_calls[n_calls++] =
+        (lks_expert_call){L->shared.gate, L->shared.up, L->shared.down, split, NULL, ns};
+  return n_calls;
 }
 
 // The routed experts of an MoE layer: route, group the rows by expert, run each expert once on
@@ -649,6 +687,10 @@ static int moe(lks_model *m, const layer_w *L, lks_tensor x, lks_tensor h, int n
                                                   m->exp_w + start, end - start};
     }
     start = end;
+  }
+  if (c->n_shared > 0 && L->shared_all.gate.buf) {
+    n_calls = shared_balanced(m, L, n, n_calls);
+    return lks_backend_experts(be, x, h, m->exp_calls, n_calls);
   }
 shared:
   if (c->n_shared > 0)

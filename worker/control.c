@@ -31,6 +31,7 @@ typedef struct {
   void *beat;             // heartbeats: rank 0 PUSH (used by the heartbeat thread), worker PULL
   uint64_t acked;         // last step acked
   double exec_s, comm_s;  // timings of that ack
+  double win_exec, win_comm;  // summed over the acks of the steps after the window's start
   bool dead;
   // Rank 0: the worker's connection (the file descriptor its messages arrive on); other
   // connections to its socket are foreign peers that failed the handshake.
@@ -52,6 +53,7 @@ struct lks_ctl {
   peer *peers;   // rank 0: [world], index = worker rank; worker: [1], the coordinator
   char (*hosts)[HOST_LEN];
   uint64_t step;  // rank 0: last sent; worker: last received
+  uint64_t win_from;  // rank 0: the step before the window of lks_ctl_window
   uint64_t shutdown_step;  // rank 0: the step of EP_CMD_SHUTDOWN, once sent
   char fault[64];
   uint64_t fault_step;
@@ -185,6 +187,7 @@ static int drain_acks(lks_ctl *c, int r) {
       p->acked = a->step_id;
       p->exec_s = a->exec_seconds;
       p->comm_s = a->comm_seconds;
+      if (a->step_id > c->win_from) p->win_exec += a->exec_seconds, p->win_comm += a->comm_seconds;
     }
     lockstep__ack__free_unpacked(a, NULL);
     if (rc < 0) return rc;
@@ -629,6 +632,24 @@ double lks_ctl_last_worker_exec(const lks_ctl *c) {
   for (int r = 1; r < c->world; r++)
     if (c->peers[r].exec_s > w) w = c->peers[r].exec_s;
   return w;
+}
+
+void lks_ctl_window(lks_ctl *c) {
+  c->win_from = c->step;
+  for (int r = 1; r < c->world; r++) c->peers[r].win_exec = c->peers[r].win_comm = 0;
+}
+
+int lks_ctl_window_times(lks_ctl *c, double timeout_s, double *comm_min, double *comm_max,
+                         double *compute_max) {
+  LKS_TRY(lks_ctl_wait_acks(c, c->step, timeout_s));
+  *comm_min = *comm_max = *compute_max = 0;
+  for (int r = 1; r < c->world; r++) {
+    const peer *p = &c->peers[r];
+    if (r == 1 || p->win_comm < *comm_min) *comm_min = p->win_comm;
+    if (p->win_comm > *comm_max) *comm_max = p->win_comm;
+    if (p->win_exec - p->win_comm > *compute_max) *compute_max = p->win_exec - p->win_comm;
+  }
+  return 0;
 }
 
 bool lks_ctl_peer_up(lks_ctl *c, int rank) {

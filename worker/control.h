@@ -60,4 +60,12 @@ bool lks_ctl_peer_up(lks_ctl *c, int rank);
 // Rank 0's view of the last acks: the slowest worker's execution time of the last acked step.
 double lks_ctl_last_worker_exec(const lks_ctl *c);
 
+// Rank 0: the workers' own times over a window of steps (the bench). lks_ctl_window starts it
+// after the last step sent; lks_ctl_window_times waits for every worker's ack of the last step
+// sent since, then gives the least and the most over workers of their summed time inside
+// collectives, and the most of their summed execution time outside them.
+void lks_ctl_window(lks_ctl *c);
+int lks_ctl_window_times(lks_ctl *c, double timeout_s, double *comm_min, double *comm_max,
+                         double *compute_max);
+
 #endif

@@ -185,6 +185,32 @@ static int kv_blocks(lks_world *w, const lks_settings *s, int max_slots, int *ou
 
 // ---- start and stop ----
 
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+// The median of 31 all-reduces of n floats on every rank (the first, which waits for the ranks
+// to arrive from loading their shards, and one more not counted); host memory (cpu backend).
+static int allreduce_time(lks_comm *comm, int64_t n, double *out) {
+  enum { N = 31 };
+  float *buf = calloc((size_t)(n > 0 ? n : 1), sizeof *buf);
+  if (!buf) return lks_set_error(LKS_ENOMEM, "timing the all-reduce: out of memory");
+  double t[N];
+  lks_comm_where wh = {"start-up timing", -1};
+  int rc = 0;
+  for (int i = -2; i < N && rc == 0; i++) {
+    double t0 = lks_clock();
+    rc = comm->ops->allreduce_sum(comm, buf, (size_t)n, LKS_F32, wh);
+    if (i >= 0) t[i] = lks_clock() - t0;
+  }
+  free(buf);
+  if (rc < 0) return rc;
+  qsort(t, N, sizeof t[0], cmp_double);
+  *out = t[N / 2];
+  return 0;
+}
+
 lks_world *lks_world_start(const lks_settings *s, const char *dir, int max_slots) {
   lks_world *w = calloc(1, sizeof *w);
   if (!w) return NULL;
@@ -254,6 +280,8 @@ lks_world *lks_world_start(const lks_settings *s, const char *dir, int max_slots
   w->engine = lks_engine_new(w->model, max_slots, (int)lks_settings_int(s, "max-seq-len"),
                              (int)lks_settings_int(s, "kv-block"), &eo);
   if (!w->engine) goto fail;
+  if (w->world > 1 && !cuda && allreduce_time(w->comm, cfg->hidden, &w->allreduce_s) < 0)
+    goto fail;
   if (w->world > 1) {
     w->ctl = lks_ctl_new(w->comm, timeout, w->heartbeat_s, lks_settings_str(s, "control-host"));
     if (!w->ctl) goto fail;

@@ -27,6 +27,10 @@ typedef struct lks_world {
   // Rank 0's time split of submitted commands (for bench): control plane, compute, collectives.
   double t_control, t_exec, t_comm;
   uint64_t n_submitted;
+  // World > 1, cpu backend: the median time of an all-reduce of one decode row (hidden floats)
+  // with every rank present, measured at start (0 where not measured): a collective's own cost,
+  // apart from the waits for a slower rank.
+  double allreduce_s;
 } lks_world;
 
 // Starts this rank's part of the world. NULL on failure (lks_last_error() says why; the other

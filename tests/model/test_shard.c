@@ -124,7 +124,13 @@ static void start(shard_run *r, int *argc, char ***argv) {
   }
 }
 
-// Loaded bytes against the share computed from the files.
+static bool cuda_backend(void) {
+  const char *b = getenv("LKS_TEST_BACKEND");
+  return b && strcmp(b, "cuda") == 0;
+}
+
+// Loaded bytes against the share computed from the files. With host routing (the cpu backend)
+// the shared experts are bound whole as well as by rows at world > 1 (model.c, shared_balanced).
 static void check_loaded_bytes(const shard_run *r, const char *dir) {
   const lks_config *c = r->c;
   int world = r->world;
@@ -137,6 +143,8 @@ static void check_loaded_bytes(const shard_run *r, const char *dir) {
                   (strstr(t->name, "model.layers.") && strstr(t->name, "embed_tokens"));
     if (unused) continue;
     if (replicated(t->name)) rep += (double)t->nbytes;
+    else if (strstr(t->name, "shared_experts.") && world > 1 && !cuda_backend())
+      rep += (double)t->nbytes, split += (double)t->nbytes;  // whole, and this rank's rows
     else if ((strstr(t->name, "k_proj") || strstr(t->name, "v_proj")) && c->n_kv_heads % world)
       rep += (double)t->nbytes / c->n_kv_heads;  // fewer KV heads than ranks: one head each
     else split += (double)t->nbytes;
