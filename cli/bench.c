@@ -13,6 +13,7 @@
 #endif
 
 #include "cli/cli.h"
+#include "core/clock.h"
 #include "core/cpu_kernels.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -77,16 +78,6 @@ static void bw_task(void *ctx, int task, int thread) {
   j->sink[thread & 63] += read_sum(j->big + a, per);
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // Read bandwidth in bytes/s: median of several passes over 1 GiB.
 static double measure_bandwidth(int threads) {
   size_t n = (size_t)1 << 28;
@@ -107,7 +98,7 @@ static double measure_bandwidth(int threads) {
   }
   lks_pool_free(pool);
   free(big);
-  return (double)n * sizeof(float) / median(t, 7);
+  return (double)n * sizeof(float) / lks_median(t, 7);
 }
 
 // The blocked BF16 kernel's rate with every thread on operands that stay in each core's cache
@@ -147,7 +138,7 @@ static double measure_matrix_rate(int threads) {
       lks_pool_run(pool, threads * 4, mr_task, &j);
       t[r] = lks_now() - t0;
     }
-    rate = 2.0 * MR_ROWS * MR_K * MR_N * threads * 4 / median(t, MR_ROUNDS);
+    rate = 2.0 * MR_ROWS * MR_K * MR_N * threads * 4 / lks_median(t, MR_ROUNDS);
   }
   lks_pool_free(pool);
   free(w);
@@ -187,7 +178,7 @@ static double heartbeat_rtt(lks_world *w, int n) {
     }
     t[i] = lks_now() - t0;
   }
-  double m = median(t, n);
+  double m = lks_median(t, n);
   free(t);
   return m;
 }
@@ -366,7 +357,7 @@ static double median_at(const double *v, int w0, int reps, int stride, int j) {
   double t[64];
   int n = 0;
   for (int r = w0; r < reps && n < 64; r++) t[n++] = v[(size_t)r * stride + j];
-  return median(t, n);
+  return lks_median(t, n);
 }
 
 static int bench_spec(lks_world *w, const lks_sched_opts *so, const char *spec,
@@ -469,7 +460,7 @@ static int bench_spec(lks_world *w, const lks_sched_opts *so, const char *spec,
       double roof = v[5 + 4 * (k - 1) + 3];
       best_cold = roof > best_cold ? roof : best_cold;
     }
-    md->frac = median(fr + w0, reps - w0);
+    md->frac = lks_median(fr + w0, reps - w0);
     md->frac_cold = v[4] / best_cold;
   }
   free(v);
@@ -579,7 +570,7 @@ int lks_cmd_bench(lks_settings *s) {
   double rtt = heartbeat_rtt(w, 200);
   lks_model_stats st;
   lks_model_stats_get(w->model, &st);
-  double pre = median(tp, reps), dec = median(td, reps);
+  double pre = lks_median(tp, reps), dec = lks_median(td, reps);
   double dec_tps = n_dec / dec;
   // Average KV bytes read per decode step: positions n_pre .. n_pre + n_dec - 1.
   double kv_bytes = (double)st.kv_bytes_per_pos * (n_pre + (n_dec - 1) / 2.0 + 1);
@@ -646,7 +637,7 @@ int lks_cmd_bench(lks_settings *s) {
       rr = bench_run(w, &lo, pt, L, 1, &bc, NULL);
       tl[r] = bc.t_first - t0;
     }
-    if (rr == 0) pre_rate[li] = L / median(tl, reps);
+    if (rr == 0) pre_rate[li] = L / lks_median(tl, reps);
     free(pt);
     free(tl);
     if (rr < 0) goto fail;
@@ -665,8 +656,8 @@ int lks_cmd_bench(lks_settings *s) {
         int nr = reps < 64 ? reps : 64;
         for (int r = 0; r < nr; r++)
           if (bench_batch(w, &so, widths[bi], bp, n_dec, smp, &rv[r], &pv[r]) < 0) goto fail;
-        brate[bi][smp] = median(rv, nr);
-        bpick[bi][smp] = median(pv, nr);
+        brate[bi][smp] = lks_median(rv, nr);
+        bpick[bi][smp] = lks_median(pv, nr);
       }
       printf("  %5d  %12.2f  %7.2f  %13.2f  %.3f, %.3f\n", widths[bi], brate[bi][0],
              brate[0][0] > 0 ? brate[bi][0] / brate[0][0] : 0.0, brate[bi][1],

@@ -688,12 +688,11 @@ static int moe(lks_model *m, const layer_w *L, lks_tensor x, lks_tensor h, int n
     }
     start = end;
   }
-  if (c->n_shared > 0 && L->shared_all.gate.buf) {
-    n_calls = shared_balanced(m, L, n, n_calls);
-    return lks_backend_experts(be, x, h, m->exp_calls, n_calls);
-  }
 shared:
-  if (c->n_shared > 0)
+  // shared_all is bound only where the routing is on the host (route_ids holds this layer's).
+  if (c->n_shared > 0 && L->shared_all.gate.buf)
+    n_calls = shared_balanced(m, L, n, n_calls);
+  else if (c->n_shared > 0)
     m->exp_calls[n_calls++] =
         (lks_expert_call){L->shared.gate, L->shared.up, L->shared.down, NULL, NULL, n};
   return lks_backend_experts(be, x, h, m->exp_calls, n_calls);

@@ -185,11 +185,6 @@ static int kv_blocks(lks_world *w, const lks_settings *s, int max_slots, int *ou
 
 // ---- start and stop ----
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 // The median of 31 all-reduces of n floats on every rank (the first, which waits for the ranks
 // to arrive from loading their shards, and one more not counted); host memory (cpu backend).
 static int allreduce_time(lks_comm *comm, int64_t n, double *out) {
@@ -206,8 +201,7 @@ static int allreduce_time(lks_comm *comm, int64_t n, double *out) {
   }
   free(buf);
   if (rc < 0) return rc;
-  qsort(t, N, sizeof t[0], cmp_double);
-  *out = t[N / 2];
+  *out = lks_median(t, N);
   return 0;
 }
 
