@@ -9,6 +9,8 @@
 // - The adaptive policy's K per sequence is the argmax of expected tokens per modelled step time
 //   (against a brute force over every assignment), and its measured state explores each K
 //   before it trusts the costs.
+// - Simulated against the roofline (drafts accepted at random, noisy step times with slow
+//   stretches): at least 0.9 of the best fixed K's rate and 0.97 of plain decoding's.
 #include <check.h>
 #include <math.h>
 #include <string.h>
@@ -399,6 +401,67 @@ START_TEST(policy_costs_follow_the_plain_step) {
 }
 END_TEST
 
+// The policy against the roofline, simulated: one sequence after another (128 tokens each, the
+// policy and its pool carried over as a server's), drafts accepted independently with
+// probability a at every position, a step of K drafts costing T_K = 1 + K (d + r_K) plain steps
+// (the deep model's measured ratios: d 0.09, r 0.56, 0.44, 0.40), each step's time times a
+// machine speed that alternates between 1 and 1.2 every 60 steps (a shared host's slow
+// stretches) and times uniform noise of +-10 %. The rate is tokens over time after the first
+// sequence; each fixed K (0: plain decoding) is simulated here on the same random draws, without
+// the policy. Targets of the speculation issue: the policy reaches 0.9 of the best fixed K's rate
+// wherever it is, and never falls below 0.97 of plain decoding's. Here: 0.93-0.999 of the best
+// fixed K (the least at 0.7-0.75, where two drafts pay x1.06-1.13), 0.998 of plain where no K
+// pays; with the pool's memory at about 50 rounds (POOL_W 0.02), 0.914 at 0.75 and 0.944 at 0.8
+// (see policy.c). Mutations: a policy that never drafts (POLICY_MARGIN 0.5) fails at 0.75 and up.
+static double sim_u(uint64_t *s) {
+  *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+  return (double)(*s >> 11) * (1.0 / 9007199254740992.0);
+}
+static double simulated_rate(double a, int fixed_k) {
+  static const double d = 0.09, r[4] = {0, 0.56, 0.44, 0.40};
+  lks_policy *p = lks_policy_new(1, 3);
+  ck_assert_ptr_nonnull(p);
+  uint64_t rs = 42;
+  long step = 0;
+  double t_all = 0, tokens = 0;
+  for (int q = 0; q < 300; q++) {
+    lks_policy_seq a_seq;
+    lks_policy_seq_init(p, &a_seq);
+    lks_policy_seq *seqs[1] = {&a_seq};
+    for (int made = 0; made < 128;) {
+      int kcap[1] = {3}, k[1], scratch[1];
+      int K = fixed_k >= 0 ? fixed_k : lks_policy_pick(p, seqs, kcap, 1, k, scratch);
+      double speed = (step++ / 60) % 2 ? 1.2 : 1.0, noise = 1 + 0.2 * (sim_u(&rs) - 0.5);
+      double t = (1 + K * (d + r[K])) * speed * noise;
+      int acc = 0;
+      while (acc < K && sim_u(&rs) < a) acc++;
+      if (q > 0) t_all += t, tokens += acc + 1;
+      lks_policy_record(p, 1, K, K, K * d * speed * noise, t);
+      if (K) lks_policy_observe(p, &a_seq, K, acc);
+      made += acc + 1;
+    }
+  }
+  lks_policy_free(p);
+  return tokens / t_all;
+}
+
+START_TEST(policy_reaches_the_roofline) {
+  const double accs[] = {0, 0.3, 0.55, 0.65, 0.7, 0.75, 0.8, 0.87, 0.93};
+  for (size_t i = 0; i < sizeof accs / sizeof accs[0]; i++) {
+    double plain = simulated_rate(accs[i], 0), best = plain;
+    for (int K = 1; K <= 3; K++) {
+      double v = simulated_rate(accs[i], K);
+      best = v > best ? v : best;
+    }
+    double got = simulated_rate(accs[i], -1);
+    ck_assert_msg(got >= 0.9 * best, "acceptance %.2f: x%.3f of the best fixed K", accs[i],
+                  got / best);
+    ck_assert_msg(got >= 0.97 * plain, "acceptance %.2f: x%.3f of plain decoding", accs[i],
+                  got / plain);
+  }
+}
+END_TEST
+
 START_TEST(policy_first_drafts_after_calibration) {
   lks_policy *p = lks_policy_new(1, LKS_MAX_DRAFTS);
   ck_assert_ptr_nonnull(p);
@@ -475,6 +538,7 @@ int main(void) {
   tcase_add_test(tc, policy_explores_then_exploits);
   tcase_add_test(tc, policy_pool_and_return);
   tcase_add_test(tc, policy_skips_the_warm_up_step);
+  tcase_add_test(tc, policy_reaches_the_roofline);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
