@@ -56,13 +56,8 @@ enum { POLICY_SAMPLES = 3, POLICY_DRAFT_SAMPLES = 3, POLICY_PROBE_EVERY = 32,
        POLICY_PLAIN_EVERY = 32 };
 static const double ACC_W = 0.1, ACC_PRIOR = 0.6;
 // The pooled acceptance, every sequence's observations: the starting point of a new sequence,
-// so a long memory (about the last 200 rounds) rather than the last few. Drafting stops after a
-// run of misses, so the pool's last observations are misses more often than its drafter's rate
-// says, and nothing corrects it while sequences decode plainly: with 50 rounds (0.02), a drafter
-// right 3 times in 4, where two drafts pay x1.12, left the pool at 0.68-0.72 and decoded plainly
-// 85 % of its rows (check_spec's policy_reaches_the_roofline, simulated: 0.914 -> 0.928 of two
-// drafts' rate at 0.75, 0.944 -> 0.957 at 0.8).
-static const double POOL_W = 0.005;
+// so a long memory (about the last 50 rounds) rather than the last few.
+static const double POOL_W = 0.02;
 // How far a plainly decoding sequence's acceptance moves back to the pool's each step.
 static const double RELAX_W = 0.05;
 // Speculation must beat plain decoding by this fraction to be chosen: costs are measured on a
