@@ -407,7 +407,7 @@ END_TEST
 // (the deep model's measured ratios: d 0.09, r 0.56, 0.44, 0.40), each step's time times a
 // machine speed that alternates between 1 and 1.2 every 60 steps (a shared host's slow
 // stretches) and times uniform noise of +-10 %. The rate is tokens over time after the first
-// sequence; each fixed K (0: plain decoding) is simulated here on the same random draws, without
+// sequence; each fixed K (0: plain decoding) is simulated here from the same seed, without
 // the policy. Targets of the speculation issue: the policy reaches 0.9 of the best fixed K's rate
 // wherever it is, and never falls below 0.97 of plain decoding's. Here: 0.914-0.999 of the best
 // fixed K (the least at 0.7-0.8, where one or two drafts pay x1.06-1.2: drafting stops after a
