@@ -381,7 +381,7 @@ static int bench_spec(lks_world *w, const lks_sched_opts *so, const char *spec,
   int n_runs = 2 + k_max;
   for (int r = 0; rc == 0 && r < reps; r++) {
     double *x = v + (size_t)r * F;
-    bench_clock bc = {w, 0, 0, 0, 0, 0, 0, 0};
+    bench_clock bc = {.w = w};
     lks_spec_stats pst = {0}, kst[LKS_MAX_DRAFTS] = {{0}};
     // Run i of the list: 0 plain, 1 the policy, 1 + K fixed K.
     for (int i = 0; rc == 0 && i < n_runs; i++) {
@@ -544,7 +544,7 @@ int lks_cmd_bench(lks_settings *s) {
   so.chunk = n_pre;
   so.max_queue = 1;
   for (int r = 0; r < reps; r++) {
-    bench_clock bc = {w, 0, 0, 0, 0, 0, 0, 0};
+    bench_clock bc = {.w = w};
     snprintf(so.spec, sizeof so.spec, "off");
     double t0 = lks_now();
     if (bench_run(w, &so, tok, n_pre, n_dec + 1, &bc, NULL) < 0) goto fail;
@@ -632,7 +632,7 @@ int lks_cmd_bench(lks_settings *s) {
     snprintf(lo.spec, sizeof lo.spec, "off");
     int rr = 0;
     for (int r = 0; r < reps && rr == 0; r++) {
-      bench_clock bc = {w, 0, 0, 0, 0, 0, 0, 0};
+      bench_clock bc = {.w = w};
       double t0 = lks_now();
       rr = bench_run(w, &lo, pt, L, 1, &bc, NULL);
       tl[r] = bc.t_first - t0;
