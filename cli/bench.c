@@ -112,26 +112,32 @@ typedef struct {
   float *out;         // [threads, MR_N, MR_ROWS]
   int threads;
   const lks__cpu_kernels *k;
+  char *scratch;  // [threads, scratch_bytes]: the kernel level's, or NULL
+  size_t scratch_bytes;
 } mr_job;
 
 static void mr_task(void *ctx, int task, int thread) {
   mr_job *j = ctx;
   int b = task % j->threads;
   j->k->mm_bf16(j->w + (size_t)b * MR_ROWS * MR_K, MR_K, MR_ROWS, j->x, MR_K, MR_N, MR_K,
-                j->out + (size_t)thread * MR_N * MR_ROWS, MR_ROWS);
+                j->out + (size_t)thread * MR_N * MR_ROWS, MR_ROWS,
+                j->scratch ? j->scratch + (size_t)thread * j->scratch_bytes : NULL);
 }
 
 static double measure_matrix_rate(int threads) {
   uint16_t *w = malloc((size_t)threads * MR_ROWS * MR_K * sizeof *w);
   float *x = malloc((size_t)MR_N * MR_K * sizeof *x);
   float *out = malloc((size_t)threads * MR_N * MR_ROWS * sizeof *out);
+  const lks__cpu_kernels *k = lks__cpu_kernels_best();
+  size_t sb = k->mm_scratch ? k->mm_scratch(MR_K) : 0;
+  char *scratch = sb ? malloc((size_t)threads * sb) : NULL;
   lks_pool *pool = lks_pool_new(threads);
   double rate = 0;
-  if (w && x && out && pool) {
+  if (w && x && out && pool && (scratch || !sb)) {
     for (size_t i = 0; i < (size_t)threads * MR_ROWS * MR_K; i++)
       w[i] = (uint16_t)(0x3f80 | (i & 0x7f));  // 1.0 .. 1.99
     for (size_t i = 0; i < (size_t)MR_N * MR_K; i++) x[i] = (float)(i & 15) / 16.0f;
-    mr_job j = {w, x, out, threads, lks__cpu_kernels_best()};
+    mr_job j = {w, x, out, threads, k, scratch, sb};
     double t[MR_ROUNDS];
     for (int r = 0; r < MR_ROUNDS; r++) {
       double t0 = lks_now();
@@ -144,6 +150,7 @@ static double measure_matrix_rate(int threads) {
   free(w);
   free(x);
   free(out);
+  free(scratch);
   return rate;
 }
 

@@ -220,8 +220,15 @@ static int cpu_argmax(lks_backend *be, lks_tensor x, int32_t *idx, float *val) {
 // the products are those of the F32 kernel.
 enum { F16_ROWS = 8 };
 
+// Floats of scratch a product over rows of K needs besides its tile: the widened F16 rows, then
+// the kernel level's own (the amx level's prepared activations).
+static size_t aux_floats(const cpu_backend *c, int64_t K) {
+  size_t kb = c->k->mm_scratch ? c->k->mm_scratch(K) : 0;
+  return (size_t)(F16_ROWS * K) + (kb + sizeof(float) - 1) / sizeof(float);
+}
+
 // tile[t * ldt + (r - r0)] = dot(w row r, x row t) for r in [r0, r1), t < n: the kernels for
-// F32 and BF16, F16 through a widened copy. `wide` holds F16_ROWS * K floats. Each element is
+// F32 and BF16, F16 through a widened copy. `wide` holds aux_floats(c, K) floats. Each element is
 // summed in the kernel level's one order, whatever r0, r1 and n (batch invariance).
 static void mm_tile(const cpu_backend *c, lks_tensor w, int64_t r0, int64_t r1, const float *x,
                     int64_t ldx, int64_t n, float *tile, int64_t ldt, float *wide) {
@@ -235,9 +242,9 @@ static void mm_tile(const cpu_backend *c, lks_tensor w, int64_t r0, int64_t r1, 
   int64_t K = w.cols;
   const char *wb = (const char *)ptr(w) + (size_t)(r0 * w.ld) * lks_dtype_size(w.dtype);
   if (w.dtype == LKS_BF16) {
-    k->mm_bf16(wb, w.ld, r1 - r0, x, ldx, n, K, tile, ldt);
+    k->mm_bf16(wb, w.ld, r1 - r0, x, ldx, n, K, tile, ldt, wide + F16_ROWS * K);
   } else if (w.dtype == LKS_F32) {
-    k->mm_f32(wb, w.ld, r1 - r0, x, ldx, n, K, tile, ldt);
+    k->mm_f32(wb, w.ld, r1 - r0, x, ldx, n, K, tile, ldt, NULL);
   } else {
     for (int64_t r = r0; r < r1; r += F16_ROWS) {
       int64_t m = r1 - r < F16_ROWS ? r1 - r : F16_ROWS;
@@ -245,7 +252,7 @@ static void mm_tile(const cpu_backend *c, lks_tensor w, int64_t r0, int64_t r1, 
         const uint16_t *src = (const uint16_t *)ptr(w) + (size_t)((r + i) * w.ld);
         for (int64_t c = 0; c < K; c++) wide[i * K + c] = lks_f16_to_f32(src[c]);
       }
-      k->mm_f32(wide, K, m, x, ldx, n, K, tile + (r - r0), ldt);
+      k->mm_f32(wide, K, m, x, ldx, n, K, tile + (r - r0), ldt, NULL);
     }
   }
 }
@@ -259,9 +266,9 @@ static int64_t rows_per_task(const cpu_backend *c, int64_t rows) {
 }
 
 // Scratch per thread for a task of `rows` weight rows over n activation rows of K: the tile,
-// and the widened F16 rows.
+// and aux_floats.
 static int grow_mm_scratch(cpu_backend *c, int64_t rows, int64_t n, int64_t K) {
-  return grow_thread_scratch(c, (size_t)(rows * n + F16_ROWS * K));
+  return grow_thread_scratch(c, (size_t)(rows * n) + aux_floats(c, K));
 }
 
 typedef struct {
@@ -350,8 +357,8 @@ static void attn_task(void *ctx, int task, int thread) {
   for (int p0 = 0; p0 < n_pos; p0 += bs) {
     int np = n_pos - p0 < bs ? n_pos - p0 : bs;
     const char *kb = K + ((int64_t)bt[p0 / bs] * bs * kv_ld + kvh * hd) * es;
-    if (bf16) j->c->k->mm_bf16(kb, kv_ld, np, q, hd, group, hd, s + p0, n_pos);
-    else j->c->k->mm_f32(kb, kv_ld, np, q, hd, group, hd, s + p0, n_pos);
+    if (bf16) j->c->k->mm_bf16_kv(kb, kv_ld, np, q, hd, group, hd, s + p0, n_pos, NULL);
+    else j->c->k->mm_f32(kb, kv_ld, np, q, hd, group, hd, s + p0, n_pos, NULL);
   }
   for (int g = 0; g < group; g++) {
     float *sg = s + (int64_t)g * n_pos;
@@ -597,7 +604,7 @@ static int cpu_experts(lks_backend *be, lks_tensor out, lks_tensor x, const lks_
         j.task0[e] + (calls[e].n ? (int)((calls[e].gate.rows + j.per1 - 1) / j.per1) : 0);
   j.per2 = rows_per_task(c, H);
   int64_t tile = (j.per1 > j.per2 ? j.per1 : j.per2) * max_n;
-  LKS_TRY(grow_thread_scratch(c, (size_t)(2 * tile + F16_ROWS * max_k)));
+  LKS_TRY(grow_thread_scratch(c, (size_t)(2 * tile) + aux_floats(c, max_k)));
   lks_pool_run(c->pool, j.task0[n_calls], experts_up_task, &j);
   lks_pool_run(c->pool, (int)((H + j.per2 - 1) / j.per2), experts_down_task, &j);
   return 0;

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/cpu_kernels.h"
 #include "core/dtype.h"
 #include "core/log.h"
 
@@ -715,7 +716,9 @@ const lks__quant_kernels *lks__quant_kernels_get(const char *name) {
   if (strcmp(name, "avx2") == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
       f16c)
     return &q_avx2;
-  if (strcmp(name, "avx512") == 0 && __builtin_cpu_supports("avx512f") &&
+  // amx (cpu_kernels.c) differs in its BF16 products only: here it is avx512.
+  if ((strcmp(name, "avx512") == 0 || (strcmp(name, "amx") == 0 && lks__amx_available())) &&
+      __builtin_cpu_supports("avx512f") &&
       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") && f16c)
     return &q_avx512;
 #elif defined(__aarch64__)

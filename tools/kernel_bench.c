@@ -36,13 +36,15 @@ static double run_case(const lks__cpu_kernels *k, const lks__quant_kernels *q, i
                        const float *bs, const uint8_t *gs, const float *x, int64_t M, int64_t K,
                        float *out) {
   double t[MAX_REP];
+  void *scratch = k->mm_scratch ? malloc(k->mm_scratch(K)) : NULL;
+  if (k->mm_scratch && !scratch) return 0;
   for (int r = 0; r < rep; r++) {
     double t0 = cpu_now();
     switch (c) {
-      case 0: k->mm_bf16(wb, K, M, x, K, 1, K, out, M); break;
-      case 1: k->mm_bf16(wb, K, M, x, K, 8, K, out, M); break;
-      case 2: k->mm_f32(wf, K, M, x, K, 1, K, out, M); break;
-      case 3: k->mm_f32(wf, K, M, x, K, 8, K, out, M); break;
+      case 0: k->mm_bf16(wb, K, M, x, K, 1, K, out, M, scratch); break;
+      case 1: k->mm_bf16(wb, K, M, x, K, 8, K, out, M, scratch); break;
+      case 2: k->mm_f32(wf, K, M, x, K, 1, K, out, M, NULL); break;
+      case 3: k->mm_f32(wf, K, M, x, K, 8, K, out, M, NULL); break;
       case 6:
       case 7: {  // the backend's product (several weight rows a kernel call where it has them)
         lks__qweight q8 = {LKS_Q_FP8_BLOCK, w8, K, bs, K / 128, 1.0f, M, K};
@@ -62,6 +64,7 @@ static double run_case(const lks__cpu_kernels *k, const lks__quant_kernels *q, i
     }
     t[r] = cpu_now() - t0;
   }
+  free(scratch);
   qsort(t, (size_t)rep, sizeof *t, cmp_d);
   return t[rep / 2];
 }
@@ -90,14 +93,14 @@ int main(int argc, char **argv) {
   }
   for (int64_t i = 0; i < M * K / 128; i++) bs[i] = 0.01f;
   for (int64_t i = 0; i < 8 * K; i++) x[i] = (float)((i % 7) - 3) * 0.25f;
-  static const char *levels[] = {"scalar", "avx2", "avx512", "neon", "neon_bf16"};
+  static const char *levels[] = {"scalar", "avx2", "avx512", "amx", "neon", "neon_bf16"};
   static const char *cases[] = {"mm_bf16 n=1", "mm_bf16 n=8", "mm_f32 n=1", "mm_f32 n=8",
                                 "fp8 dot",     "nvfp4 dot",   "fp8 n=1",    "nvfp4 n=1"};
   enum { N_CASES = 8 };
   double base[N_CASES] = {0};
   printf("kernel_bench: %lld x %lld weights, CPU ms per call (median of %d), speed-up over scalar\n",
          (long long)M, (long long)K, rep);
-  for (int l = 0; l < 5; l++) {
+  for (int l = 0; l < 6; l++) {
     const lks__cpu_kernels *k = lks__cpu_kernels_get(levels[l]);
     const lks__quant_kernels *q = lks__quant_kernels_get(levels[l]);
     if (!k) continue;

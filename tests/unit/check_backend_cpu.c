@@ -253,38 +253,44 @@ END_TEST
 
 // The blocked kernels give, element for element, the bits of the single dot product, for block
 // shapes that end mid-block in both directions and for strided rows; and every level's blocked
-// products agree with the portable kernels' within TOL (relative to the largest).
+// products agree with the portable kernels' within TOL (relative to the largest). The shapes
+// include the amx level's blocks: 16 and 32 weight rows (a last block overlapping the one
+// before), 5 activation rows a tile and 20 a panel, K steps of 32.
 START_TEST(test_mm_kernels_match_dot) {
   static const char *levels[] = TU_SIMD_LEVELS;
-  static const int64_t ms[] = {1, 3, 4, 8, 13}, ns[] = {1, 2, 3, 4, 5, 9};
-  static const int64_t ks[] = {1, 15, 16, 17, 48, 100};
+  static const int64_t ms[] = {1, 3, 4, 8, 13, 16, 17, 31, 32, 33, 50};
+  static const int64_t ns[] = {1, 2, 3, 4, 5, 9, 20, 21, 41};
+  static const int64_t ks[] = {1, 15, 16, 17, 32, 48, 100};
+  enum { NM = 11, NN = 9, NK = 7, MAXM = 50, MAXN = 41, LDO = 64 };
   uint64_t rng = 4321;
   const int64_t ld = 110;
-  float *wf = tb_randv(&rng, (size_t)(13 * ld), 1.0f), *x = tb_randv(&rng, (size_t)(9 * ld), 1.0f);
-  uint16_t *wb = tb_encode(LKS_BF16, wf, (size_t)(13 * ld), NULL);
-  float *out = TB_NEW(float, 9 * 20), *out_s = TB_NEW(float, 9 * 20);
-  double *ref = TB_NEW(double, 9 * 20);
+  float *wf = tb_randv(&rng, (size_t)(MAXM * ld), 1.0f);
+  float *x = tb_randv(&rng, (size_t)(MAXN * ld), 1.0f);
+  uint16_t *wb = tb_encode(LKS_BF16, wf, (size_t)(MAXM * ld), NULL);
+  float *out = TB_NEW(float, MAXN * LDO), *out_s = TB_NEW(float, MAXN * LDO);
+  float *got = TB_NEW(float, MAXN * MAXM);
+  double *ref = TB_NEW(double, MAXN * MAXM);
   const lks__cpu_kernels *kp = lks__cpu_kernels_get("scalar");
   for (int l = 0; l < TU_N_SIMD_LEVELS; l++) {
     const lks__cpu_kernels *k = lks__cpu_kernels_get(levels[l]);
     if (!k) continue;
-    for (int mi = 0; mi < 5; mi++)
-      for (int ni = 0; ni < 6; ni++)
-        for (int ki = 0; ki < 6; ki++) {
+    void *scratch = k->mm_scratch ? TB_NEW(char, k->mm_scratch(ld)) : NULL;
+    for (int mi = 0; mi < NM; mi++)
+      for (int ni = 0; ni < NN; ni++)
+        for (int ki = 0; ki < NK; ki++) {
           int64_t m = ms[mi], n = ns[ni], K = ks[ki];
           for (int bf = 0; bf < 2; bf++) {
             if (bf) {
-              k->mm_bf16(wb, ld, m, x, ld, n, K, out, 20);
-              kp->mm_bf16(wb, ld, m, x, ld, n, K, out_s, 20);
+              k->mm_bf16(wb, ld, m, x, ld, n, K, out, LDO, scratch);
+              kp->mm_bf16(wb, ld, m, x, ld, n, K, out_s, LDO, NULL);
             } else {
-              k->mm_f32(wf, ld, m, x, ld, n, K, out, 20);
-              kp->mm_f32(wf, ld, m, x, ld, n, K, out_s, 20);
+              k->mm_f32(wf, ld, m, x, ld, n, K, out, LDO, NULL);
+              kp->mm_f32(wf, ld, m, x, ld, n, K, out_s, LDO, NULL);
             }
-            float got[9 * 13];
             for (int64_t t = 0; t < n; t++)
               for (int64_t r = 0; r < m; r++) {
-                got[t * m + r] = out[t * 20 + r];
-                ref[t * m + r] = out_s[t * 20 + r];
+                got[t * m + r] = out[t * LDO + r];
+                ref[t * m + r] = out_s[t * LDO + r];
               }
             if (!(bf && k->bf16_activations))  // (its bound: test_dot_kernels)
               ck_assert_rel(got, ref, n * m, TOL, "%s mm_%s m=%lld n=%lld K=%lld against scalar",
@@ -294,10 +300,10 @@ START_TEST(test_mm_kernels_match_dot) {
               for (int64_t r = 0; r < m; r++) {
                 float d = bf ? k->dot_bf16(wb + r * ld, x + t * ld, K)
                              : k->dot_f32(wf + r * ld, x + t * ld, K);
-                ck_assert_msg(memcmp(&d, &out[t * 20 + r], 4) == 0,
+                ck_assert_msg(memcmp(&d, &out[t * LDO + r], 4) == 0,
                               "%s mm_%s m=%lld n=%lld K=%lld: (%lld, %lld) %.9g, dot %.9g",
                               k->name, bf ? "bf16" : "f32", (long long)m, (long long)n,
-                              (long long)K, (long long)t, (long long)r, out[t * 20 + r], d);
+                              (long long)K, (long long)t, (long long)r, out[t * LDO + r], d);
               }
           }
         }

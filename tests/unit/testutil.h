@@ -20,7 +20,7 @@ float tu_randf(uint64_t *state);  // uniform in [-1, 1)
 // build have (lks__cpu_kernels_get and lks__quant_kernels_get answer NULL for the others).
 // neon_bf16 rounds activations to BF16 in the BF16 products (lks__cpu_kernels.bf16_activations):
 // the tests bound its error accordingly.
-#define TU_SIMD_LEVELS {"scalar", "avx2", "avx512", "neon", "neon_bf16"}
-enum { TU_N_SIMD_LEVELS = 5 };
+#define TU_SIMD_LEVELS {"scalar", "avx2", "avx512", "amx", "neon", "neon_bf16"}
+enum { TU_N_SIMD_LEVELS = 6 };
 
 #endif
