@@ -584,8 +584,11 @@ int lks_cmd_bench(lks_settings *s) {
   double bytes_tok = (double)st.bytes_per_token + kv_bytes;
   printf("model: %s (%.1f M params, %.2f GB of weights on rank 0)\n", lks_cli_model_dir(s),
          st.params_total / 1e6, st.weight_bytes / 1e9);
-  printf("world: %d rank(s), %d threads each, backend %s, %d repeats (medians)\n", w->world,
-         threads, w->be->ops->name, reps);
+  // The CPU kernel level too (LKS_SIMD compares them): the one the backend chose.
+  const char *be_name = w->be->ops->name;
+  bool cpu = strcmp(be_name, "cpu") == 0;
+  printf("world: %d rank(s), %d threads each, backend %s%s%s, %d repeats (medians)\n", w->world,
+         threads, be_name, cpu ? ", kernels " : "", cpu ? lks__cpu_kernels_best()->name : "", reps);
   printf("prefill: %d tokens in %.3f s = %.1f tokens/s\n", n_pre, pre, n_pre / pre);
   printf("decode:  %d tokens in %.3f s = %.2f tokens/s (%.2f ms/token)\n", n_dec, dec, dec_tps,
          1e3 * dec / n_dec);

@@ -1,24 +1,20 @@
 // SPDX-License-Identifier: MIT
-// The BF16 matrix product on Intel AMX tiles (cpu_kernels.h's "amx" level),
-// with the f32 activations kept exact: each activation is split into three BF16
-// pieces, hi + mid + lo, whose sum is the f32 value bit for bit (8 significant
-// bits each, 24 in all), and the tiles multiply the BF16 weights by all three
-// (each product of two BF16 values is exact in f32).
+// The BF16 matrix product on Intel AMX tiles (cpu_kernels.h's "amx" level), with the f32
+// activations kept exact: each activation is split into three BF16 pieces, hi + mid + lo, whose sum
+// is the f32 value bit for bit (8 significant bits each, 24 in all), and the tiles multiply the
+// BF16 weights by all three (each product of two BF16 values is exact in f32).
 //
-// Shapes: tile A is 16 weight rows x 32 K elements, loaded straight from the
-// row-major weights; tile B is 16 columns x 32 K elements in AMX's
-// pair-interleaved ("VNNI") layout, prepared per call from the activations:
-// five activation rows a tile, three columns (its pieces) each, the 16th column
-// zero. C = A x B is 16 x 16 f32 accumulators; an output is (hi + mid) + lo of
-// its row's three columns. Each C element accumulates its own A row and B
-// column over K in one order that depends only on K, so a row's result does not
-// depend on its batch, the block it falls in or the rows beside it (batch
-// invariance), and mm equals its one-row, one-column case bit for bit. K is
+// Shapes: tile A is 16 weight rows x 32 K elements, loaded straight from the row-major weights;
+// tile B is 16 columns x 32 K elements in AMX's pair-interleaved ("VNNI") layout, prepared per call
+// from the activations: five activation rows a tile, three columns (its pieces) each, the 16th
+// column zero. C = A x B is 16 x 16 f32 accumulators; an output is (hi + mid) + lo of its row's
+// three columns. Each C element accumulates its own A row and B column over K in one order that
+// depends only on K, so a row's result does not depend on its batch, the block it falls in or the
+// rows beside it (batch invariance), and mm equals its one-row, one-column case bit for bit. K is
 // zero-padded to a multiple of 32 in copies, never read past its end.
 //
-// The operating system must grant the tile state (arch_prctl
-// ARCH_REQ_XCOMP_PERM, once per process); each call loads its tile
-// configuration (tile registers are per thread).
+// The operating system must grant the tile state (arch_prctl ARCH_REQ_XCOMP_PERM, once per
+// process); each call loads its tile configuration (tile registers are per thread).
 #include "core/cpu_kernels.h"
 
 #if defined(__x86_64__)
@@ -41,8 +37,8 @@ enum {
   PREFETCH_STEPS = 4,
 };
 
-// The tile configuration (palette 1): tiles 0-3 the C accumulators, 4-5 A, 6-7
-// B; all 16 rows of 64 bytes.
+// The tile configuration (palette 1): tiles 0-3 the C accumulators, 4-5 A, 6-7 B; all 16 rows of 64
+// bytes.
 typedef struct __attribute__((packed, aligned(64))) {
   uint8_t palette, start_row, reserved[14];
   uint16_t colsb[16];
@@ -58,9 +54,8 @@ static const tile_config k_config = {
 static bool amx_ok;
 static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
 
-// CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE; then the kernel's
-// permission for the tile data (XFEATURE 18), which also tells that the OS
-// saves it.
+// CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE; then the kernel's permission for the tile
+// data (XFEATURE 18), which also tells that the OS saves it.
 static void amx_probe(void) {
   unsigned a, b, c, d;
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
@@ -79,14 +74,12 @@ bool lks__amx_available(void) {
 
 size_t lks__amx_scratch_bytes(int64_t K) {
   size_t chunks = (size_t)((K + CHUNK - 1) / CHUNK);
-  // the B panel, a padded copy of up to 16 weight rows, two tail tiles, one C
-  // tile, alignment
+  // the B panel, a padded copy of up to 16 weight rows, two tail tiles, one C tile, alignment
   return PANEL_GROUPS * chunks * TILE_BYTES + 16 * chunks * 64 + 3 * TILE_BYTES + 64;
 }
 
-// The 16 x 16 transpose of 32-bit elements: v[i] (column i of B, its 16 K
-// pairs) -> t[p] (K pair p, its 16 columns): interleaves of 32 and 64 bits
-// within 128-bit lanes, then lanes.
+// The 16 x 16 transpose of 32-bit elements: v[i] (column i of B, its 16 K pairs) -> t[p] (K pair p,
+// its 16 columns): interleaves of 32 and 64 bits within 128-bit lanes, then lanes.
 INLINE AMX void transpose16(const __m512i v[16], __m512i t[16]) {
   __m512i a[16], b[16];
   for (int k = 0; k < 8; k++) {
@@ -112,11 +105,10 @@ INLINE AMX void transpose16(const __m512i v[16], __m512i t[16]) {
   }
 }
 
-// One B tile per 32 K elements for nr <= 5 activation rows: column 3r + j holds
-// piece j of row r, K elements 2p and 2p + 1 in row p's 32-bit word (low half
-// the even one). The split truncates: hi = x with its low 16 bits cleared, mid
-// the same of x - hi, lo = x - hi - mid (at most 8 significant bits left, so
-// exact in BF16); each difference is exact in f32.
+// One B tile per 32 K elements for nr <= 5 activation rows: column 3r + j holds piece j of row r, K
+// elements 2p and 2p + 1 in row p's 32-bit word (low half the even one). The split truncates: hi =
+// x with its low 16 bits cleared, mid the same of x - hi, lo = x - hi - mid (at most 8 significant
+// bits left, so exact in BF16); each difference is exact in f32.
 AMX static void prep_group(const float *x, int64_t ldx, int nr, int64_t K, uint16_t *B) {
   const __m512i odd =
       _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27,
@@ -156,16 +148,15 @@ AMX static void prep_group(const float *x, int64_t ldx, int nr, int64_t K, uint1
   }
 }
 
-// Copies of the last (K mod 32) elements of 16 rows, zero-padded to 32: the
-// last tile step never reads past K.
+// Copies of the last (K mod 32) elements of 16 rows, zero-padded to 32: the last tile step never
+// reads past K.
 static void tail_copy(const uint16_t *w, int64_t ldw, int64_t k, int64_t K, uint16_t *dst) {
   memset(dst, 0, TILE_BYTES);
   for (int i = 0; i < 16; i++) memcpy(dst + i * CHUNK, w + i * ldw + k, (size_t)(K - k) * 2);
 }
 
-// C tiles for RA (1 or 2) blocks of 16 weight rows x RB (1 or 2) B tiles over
-// the K steps: full steps from the weights, the tail step from the copies ta[]
-// (NULL: no tail).
+// C tiles for RA (1 or 2) blocks of 16 weight rows x RB (1 or 2) B tiles over the K steps: full
+// steps from the weights, the tail step from the copies ta[] (NULL: no tail).
 INLINE AMX void tiles(const uint16_t *w, int64_t ldw, int RA, const uint16_t *b0,
                       const uint16_t *b1, int RB, int64_t full, const uint16_t *ta0,
                       const uint16_t *ta1) {
@@ -175,10 +166,9 @@ INLINE AMX void tiles(const uint16_t *w, int64_t ldw, int RA, const uint16_t *b0
   _tile_zero(3);
   const uint16_t *w1 = w + 16 * ldw;
   for (int64_t c = 0; c < full; c++) {
-    // Where few activation rows share them the weights stream from memory, 16 strided rows a
-    // load: each row's line PREFETCH_STEPS steps ahead is asked for now (4: 5.5 against 6.3 ms
-    // without, kernel_bench 8192 4096, one row; 2, 8 and 16 no better). A hint: no fault past
-    // the end.
+    // Where few activation rows share them the weights stream from memory, 16 strided rows a load:
+    // each row's line PREFETCH_STEPS steps ahead is asked for now (4: 5.5 against 6.3 ms without,
+    // kernel_bench 8192 4096, one row; 2, 8 and 16 no better). A hint: no fault past the end.
     for (int i = 0; i < 16 * RA; i++)
       _mm_prefetch((const char *)(w + i * ldw + (c + PREFETCH_STEPS) * CHUNK), _MM_HINT_T0);
     _tile_loadd(4, w + c * CHUNK, ldw * 2);
@@ -217,8 +207,7 @@ static void emit(const float c[16][16], int rows, int nr, float *out, int64_t ld
       out[t * ldo + i] = (c[i][3 * t] + c[i][3 * t + 1]) + c[i][3 * t + 2];
 }
 
-// Weight rows [r, r + 16 RA) against the B tiles of a panel's groups g0 .. g0 +
-// RB - 1.
+// Weight rows [r, r + 16 RA) against the B tiles of a panel's groups g0 .. g0 + RB - 1.
 INLINE AMX void block(const uint16_t *w, int64_t ldw, int RA, const uint16_t *B, int64_t bstride,
                       int g, int RB, const int *nr, int64_t full, const uint16_t *ta,
                       float (*cbuf)[16], float *out, int64_t ldo) {
@@ -260,8 +249,7 @@ AMX void lks__mm_bf16_amx(const void *wv, int64_t ldw, int64_t m, const float *x
   uint16_t *ta = pad + 16 * chunks * CHUNK;                              // [2][16][32]
   float(*cbuf)[16] = (float(*)[16])(ta + 2 * 512);
   int64_t bstride = chunks * 512;
-  // Fewer than 16 weight rows: a zero-padded copy (every K step from it, no
-  // tail).
+  // Fewer than 16 weight rows: a zero-padded copy (every K step from it, no tail).
   if (m < 16) {
     memset(pad, 0, (size_t)16 * chunks * 64);
     for (int64_t i = 0; i < m; i++) memcpy(pad + i * chunks * CHUNK, w + i * ldw, (size_t)K * 2);
@@ -282,8 +270,8 @@ AMX void lks__mm_bf16_amx(const void *wv, int64_t ldw, int64_t m, const float *x
       }
       continue;
     }
-    // Blocks of 32 weight rows, then 16; the last block ends at m, overlapping
-    // the one before (its rows come out the same, bit for bit).
+    // Blocks of 32 weight rows, then 16; the last block ends at m, overlapping the one before (its
+    // rows come out the same, bit for bit).
     for (int64_t r = 0; r < m;) {
       int RA = m - r >= 32 ? 2 : 1;
       int64_t r0 = m - r >= 16 ? r : m - 16;
