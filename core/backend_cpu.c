@@ -220,11 +220,12 @@ static int cpu_argmax(lks_backend *be, lks_tensor x, int32_t *idx, float *val) {
 // the products are those of the F32 kernel.
 enum { F16_ROWS = 8 };
 
-// Floats of scratch a product over rows of K needs besides its tile: the widened F16 rows, then
-// the kernel level's own (the amx level's prepared activations).
+// Floats of scratch a product over rows of K needs besides its tile: the widened F16 rows, or
+// (BF16 weights) the kernel level's own, the amx level's prepared activations.
 static size_t aux_floats(const cpu_backend *c, int64_t K) {
-  size_t kb = c->k->mm_scratch ? c->k->mm_scratch(K) : 0;
-  return (size_t)(F16_ROWS * K) + (kb + sizeof(float) - 1) / sizeof(float);
+  size_t kf = c->k->mm_scratch ? (c->k->mm_scratch(K) + sizeof(float) - 1) / sizeof(float) : 0;
+  size_t f16 = (size_t)(F16_ROWS * K);
+  return f16 > kf ? f16 : kf;
 }
 
 // tile[t * ldt + (r - r0)] = dot(w row r, x row t) for r in [r0, r1), t < n: the kernels for
@@ -242,7 +243,7 @@ static void mm_tile(const cpu_backend *c, lks_tensor w, int64_t r0, int64_t r1, 
   int64_t K = w.cols;
   const char *wb = (const char *)ptr(w) + (size_t)(r0 * w.ld) * lks_dtype_size(w.dtype);
   if (w.dtype == LKS_BF16) {
-    k->mm_bf16(wb, w.ld, r1 - r0, x, ldx, n, K, tile, ldt, wide + F16_ROWS * K);
+    k->mm_bf16(wb, w.ld, r1 - r0, x, ldx, n, K, tile, ldt, wide);
   } else if (w.dtype == LKS_F32) {
     k->mm_f32(wb, w.ld, r1 - r0, x, ldx, n, K, tile, ldt, NULL);
   } else {
@@ -354,10 +355,11 @@ static void attn_task(void *ctx, int task, int thread) {
   const int32_t *bt = j->rows->block_table + (size_t)j->rows->seq[row] * j->rows->max_blocks;
   int n_pos = j->rows->pos[row] + 1;
   float *s = j->c->thread_scratch[thread].p;  // [group, n_pos]
+  lks__mm_fn scores_bf16 = j->c->k->mm_bf16_kv ? j->c->k->mm_bf16_kv : j->c->k->mm_bf16;
   for (int p0 = 0; p0 < n_pos; p0 += bs) {
     int np = n_pos - p0 < bs ? n_pos - p0 : bs;
     const char *kb = K + ((int64_t)bt[p0 / bs] * bs * kv_ld + kvh * hd) * es;
-    if (bf16) j->c->k->mm_bf16_kv(kb, kv_ld, np, q, hd, group, hd, s + p0, n_pos, NULL);
+    if (bf16) scores_bf16(kb, kv_ld, np, q, hd, group, hd, s + p0, n_pos, NULL);
     else j->c->k->mm_f32(kb, kv_ld, np, q, hd, group, hd, s + p0, n_pos, NULL);
   }
   for (int g = 0; g < group; g++) {

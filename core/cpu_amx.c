@@ -207,7 +207,8 @@ static void emit(const float c[16][16], int rows, int nr, float *out, int64_t ld
       out[t * ldo + i] = (c[i][3 * t] + c[i][3 * t + 1]) + c[i][3 * t + 2];
 }
 
-// Weight rows [r, r + 16 RA) against the B tiles of a panel's groups g0 .. g0 + RB - 1.
+// Weight rows [r, r + 16 RA) against the B tiles of a panel's groups g .. g + RB - 1 (RA and RB
+// 1 or 2: tiles() gets them as constants).
 INLINE AMX void block(const uint16_t *w, int64_t ldw, int RA, const uint16_t *B, int64_t bstride,
                       int g, int RB, const int *nr, int64_t full, const uint16_t *ta,
                       float (*cbuf)[16], float *out, int64_t ldo) {
@@ -282,18 +283,8 @@ AMX void lks__mm_bf16_amx(const void *wv, int64_t ldw, int64_t m, const float *x
         if (RA > 1) tail_copy(wr + 16 * ldw, ldw, full * CHUNK, K, ta + 512);
         tail = ta;
       }
-      int g = 0;
-      for (; g + 2 <= ng; g += 2)
-        if (RA == 2)
-          block(wr, ldw, 2, B, bstride, g, 2, nr, full, tail, cbuf, ot + r0, ldo);
-        else
-          block(wr, ldw, 1, B, bstride, g, 2, nr, full, tail, cbuf, ot + r0, ldo);
-      if (g < ng) {
-        if (RA == 2)
-          block(wr, ldw, 2, B, bstride, g, 1, nr, full, tail, cbuf, ot + r0, ldo);
-        else
-          block(wr, ldw, 1, B, bstride, g, 1, nr, full, tail, cbuf, ot + r0, ldo);
-      }
+      for (int g = 0; g < ng; g += 2)
+        block(wr, ldw, RA, B, bstride, g, ng - g >= 2 ? 2 : 1, nr, full, tail, cbuf, ot + r0, ldo);
       r = r0 + 16 * RA;
     }
   }

@@ -52,8 +52,9 @@ typedef struct lks__cpu_kernels {
   lks__mm_fn mm_f32;
   // Bytes of scratch mm_bf16 needs for rows of K; NULL: none.
   size_t (*mm_scratch)(int64_t K);
-  // Attention's scores against a BF16 KV cache: one cache block (a few rows) a call, where the
-  // amx level would lay out the same query rows for the tiles again for every block; no scratch.
+  // Attention's scores against a BF16 KV cache, when not mm_bf16 (NULL): one cache block (a few
+  // rows) a call, where the amx level would lay out the same query rows for the tiles again for
+  // every block; no scratch.
   lks__mm_fn mm_bf16_kv;
   lks__pv_fn pv;
   lks__pv_bf16_fn pv_bf16;

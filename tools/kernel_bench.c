@@ -100,7 +100,7 @@ int main(int argc, char **argv) {
   double base[N_CASES] = {0};
   printf("kernel_bench: %lld x %lld weights, CPU ms per call (median of %d), speed-up over scalar\n",
          (long long)M, (long long)K, rep);
-  for (int l = 0; l < 6; l++) {
+  for (int l = 0; l < (int)(sizeof levels / sizeof *levels); l++) {
     const lks__cpu_kernels *k = lks__cpu_kernels_get(levels[l]);
     const lks__quant_kernels *q = lks__quant_kernels_get(levels[l]);
     if (!k) continue;
