@@ -63,23 +63,48 @@ static const double RELAX_W = 0.05;
 // Speculation must beat plain decoding by this fraction to be chosen: costs are measured on a
 // machine that may be shared, and a choice within the noise of plain decoding is no gain.
 static const double POLICY_MARGIN = 0.03;
+// How far the pooled first-draft acceptance may have fallen since the last drafting choice for
+// a turn to plain decoding still to count as the costs' doing (a recheck).
+static const double RECHECK_ACC = 0.05;
 
 // Each cost is the median of its last COST_RING samples: a step that was descheduled (a shared
-// machine) moves it less than it would move an average.
-enum { COST_RING = 9 };
+// machine) moves it less than it would move an average. A draft's and a verify row's samples
+// older than COST_AGE steps (lks_policy_record calls) are left out of the median when a new one
+// comes: they are ratios to a plain cost of their time, and a machine's speed moves between
+// then and now. Without it, verify rows measured while a slow stretch began (the plain cost still
+// the fast one) outvoted the two fresh samples of every later probe, and the policy decoded
+// plainly where three drafts paid (check_spec's policy_reaches_the_roofline, noisy host).
+enum { COST_RING = 9, COST_AGE = 32 };
 typedef struct {
   double v[COST_RING];
+  long at[COST_RING];  // the step of each sample
   int n;
 } ring;
 typedef struct {
   ring plain, draft, row[LKS_MAX_DRAFTS + 1];
 } width_rings;
 
-static double ring_put(ring *r, double x) {
+// A second look after the policy turned from drafting to plain decoding while the pooled
+// acceptance had not fallen (so the costs turned it): K, RECHECK_AFTER plain steps later, for
+// two steps, when the plain cost is the machine's of now. A shared machine's slow stretch that
+// begins while sequences draft makes the verify steps dearer against a plain cost measured
+// before it; the regular probes, whose interval doubles each time they leave the choice as it
+// was, then came back tens to hundreds of steps later.
+enum { RECHECK_AFTER = 8 };
+typedef struct {
+  int in;        // plain steps until the recheck (0: none due)
+  int k;         // the K it probes
+  double acc;    // the pooled first-draft acceptance at the last drafting choice
+} recheck;
+
+// Adds sample x taken at step `now`; the median of the samples since now - age (x among them).
+static double ring_put(ring *r, double x, long now, long age) {
+  r->at[r->n % COST_RING] = now;
   r->v[r->n++ % COST_RING] = x;
-  int m = r->n < COST_RING ? r->n : COST_RING;
+  int n = r->n < COST_RING ? r->n : COST_RING, m = 0;
   double t[COST_RING];
-  memcpy(t, r->v, (size_t)m * sizeof *t);
+  for (int i = 0; i < n; i++)
+    if (now - r->at[i] <= age) t[m++] = r->v[i];
   for (int i = 1; i < m; i++)  // insertion sort of at most 9
     for (int j = i; j > 0 && t[j - 1] > t[j]; j--) {
       double y = t[j];
@@ -99,6 +124,8 @@ struct lks_policy {
   int *since_plain;  // [n_widths] speculative steps since the last plain one
   int *probe_every, *probe_from;                          // [n_widths]; probe_from: K before it
   double *ceiling;  // [n_widths] the best K's rate over plain's were every draft accepted
+  recheck *rc;       // [n_widths]
+  long tick;         // lks_policy_record calls: the steps the cost samples' ages count
   int probe_turn;
   double acc[LKS_MAX_DRAFTS];  // pooled acceptance per position, every sequence's observations
   int n_obs[LKS_MAX_DRAFTS];
@@ -202,9 +229,10 @@ lks_policy *lks_policy_new(int max_width, int k_max) {
   p->probe_every = calloc(n, sizeof *p->probe_every);
   p->probe_from = calloc(n, sizeof *p->probe_from);
   p->ceiling = calloc(n, sizeof *p->ceiling);
+  p->rc = calloc(n, sizeof *p->rc);
   if (!p->c || !p->q || !p->r || !p->n_plain || !p->n_draft || !p->n_row || !p->since_probe ||
       !p->since_plain || !p->last_k || !p->probe_k || !p->probe_left || !p->probe_every ||
-      !p->probe_from || !p->ceiling) {
+      !p->probe_from || !p->ceiling || !p->rc) {
     lks_policy_free(p);
     lks_set_error(LKS_ENOMEM, "policy: out of memory");
     return NULL;
@@ -230,6 +258,7 @@ void lks_policy_free(lks_policy *p) {
   free(p->probe_every);
   free(p->probe_from);
   free(p->ceiling);
+  free(p->rc);
   free(p);
 }
 
@@ -299,17 +328,18 @@ void lks_policy_record(lks_policy *p, int w, int K, int R, double t_propose, dou
   if (t_step <= 0) return;
   int wi = width_index(p, w);
   lks_policy_costs *c = &p->c[wi], *q = &p->q[wi];
+  long now = ++p->tick;
   if (K == 0) {
     // The first plain step of a width warms caches and buffers up (measured: 1.5x the ones
     // after it on the default model), and a plain cost set too high makes every draft look free.
     if (p->n_plain[wi]++ == 0) return;
-    c->plain = ring_put(&p->r[wi].plain, t_step);
+    c->plain = ring_put(&p->r[wi].plain, t_step, now, now);
   } else {
     if (K > p->k_max || R <= 0 || p->n_plain[wi] < 2) return;
     double plain = c->plain, verify = t_step - t_propose - plain;
-    q->draft = ring_put(&p->r[wi].draft, t_propose / K / plain);
+    q->draft = ring_put(&p->r[wi].draft, t_propose / K / plain, now, COST_AGE);
     p->n_draft[wi]++;
-    q->row[K] = ring_put(&p->r[wi].row[K], verify > 0 ? verify / R / plain : 0);
+    q->row[K] = ring_put(&p->r[wi].row[K], verify > 0 ? verify / R / plain : 0, now, COST_AGE);
     p->n_row[wi][K]++;
   }
   c->draft = q->draft * c->plain;
@@ -354,7 +384,13 @@ int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, in
   // Probe: now and then the K next to the last choice (above, below) or plain decoding, for two
   // steps (the first of a probe from plain decoding catches the drafter up, which is not a
   // step's cost: the scheduler does not record it).
-  if (explore < 0 && p->probe_left[wi] > 0) {
+  recheck *rc = &p->rc[wi];
+  if (explore < 0 && p->probe_left[wi] == 0 && rc->in > 0 && --rc->in == 0) {
+    // Not a regular probe: the probes' interval is left as it was.
+    explore = rc->k <= cap ? rc->k : cap;
+    p->probe_k[wi] = explore;
+    p->probe_left[wi] = 1;
+  } else if (explore < 0 && p->probe_left[wi] > 0) {
     p->probe_left[wi]--;
     explore = p->probe_k[wi] <= cap ? p->probe_k[wi] : cap;
   } else if (explore < 0 &&
@@ -441,6 +477,13 @@ int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, in
   p->ceiling[wi] = bound / plain;
   int K = 0;
   for (int i = 0; i < n; i++) K = k[i] > K ? k[i] : K;
+  if (K > 0) {
+    rc->in = 0;
+    rc->acc = p->acc[0];
+  } else if (p->last_k[wi] > 0 && p->probe_from[wi] < 0 && p->acc[0] >= rc->acc - RECHECK_ACC) {
+    rc->in = RECHECK_AFTER;
+    rc->k = p->last_k[wi];
+  }
   p->last_k[wi] = K;
   if (p->probe_from[wi] >= 0) {  // the first choice after a probe
     int e = p->probe_every[wi];

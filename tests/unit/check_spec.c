@@ -405,22 +405,31 @@ END_TEST
 // policy and its pool carried over as a server's), drafts accepted independently with
 // probability a at every position, a step of K drafts costing T_K = 1 + K (d + r_K) plain steps
 // (the deep model's measured ratios: d 0.09, r 0.56, 0.44, 0.40), each step's time times a
-// machine speed that alternates between 1 and 1.2 every 60 steps (a shared host's slow
-// stretches) and times uniform noise of +-10 %. The rate is tokens over time after the first
-// sequence; each fixed K (0: plain decoding) is simulated here from the same seed, without
+// machine speed that alternates between 1 and `slow` every 60 steps (a shared host's slow
+// stretches) and times uniform noise of +-`noise` / 2. The rate is tokens over time after the
+// first sequence; each fixed K (0: plain decoding) is simulated here from the same seed, without
 // the policy. Targets of the speculation issue: the policy reaches 0.9 of the best fixed K's rate
-// wherever it is, and never falls below 0.97 of plain decoding's. Here: 0.914-0.999 of the best
-// fixed K (the least at 0.7-0.8, where one or two drafts pay x1.06-1.2: drafting stops after a
-// run of misses, so the pooled acceptance ends low and stays there while sequences decode
-// plainly; 0.911-0.916 at 0.75 with three other seeds), 0.998 of plain where no K pays. A longer
-// pool memory (POOL_W 0.005) lifted the least to 0.928 here but held the deep model's early
-// misses: measured, K = 1 in 87 % of its rows and 0.84 of K = 3's rate. Mutation: a policy
-// that never drafts (POLICY_MARGIN 0.5) fails at 0.75.
+// wherever it is, and never falls below 0.97 of plain decoding's.
+// - A host like this project's on a quiet hour (slow 1.2, noise +-10 %): 0.944-0.999 of the
+//   best fixed K (the least at 0.7-0.75, where one or two drafts pay x1.02-1.07: drafting stops
+//   after a run of misses, so the pooled acceptance ends low and stays there while sequences
+//   decode plainly; 0.948-0.958 at 0.7-0.75 with three other seeds), 0.997 of plain where no K
+//   pays. Before the cost samples aged and the recheck (policy.c), 0.914-0.999.
+// - A noisy hour (slow 1.5, noise +-30 %, as the host's plain decode moved within one bench run
+//   of the deep model): 0.892-0.998 here, 0.871-0.940 at 0.8-0.93 with three other seeds, 0.997
+//   of plain where no K pays; the test asks 0.85, and 0.97 of plain. Before the change the
+//   policy decoded plainly in most rows at 0.87-0.93 (0.78 of K = 3's rate here, 0.72-0.84 with
+//   other seeds): verify rows measured as a slow stretch began, against the fast plain cost,
+//   outvoted every later probe's two samples.
+// A longer pool memory (POOL_W 0.005) lifted the quiet host's least to 0.928 before the change
+// but held the deep model's early misses: measured, K = 1 in 87 % of its rows and 0.84 of K = 3's
+// rate. Mutations: a policy that never drafts (POLICY_MARGIN 0.5) fails at 0.75; the noisy hour
+// fails at 0.87 without the recheck (0.842), without the ages (0.846) and without either (0.783).
 static double sim_u(uint64_t *s) {
   *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
   return (double)(*s >> 11) * (1.0 / 9007199254740992.0);
 }
-static double simulated_rate(double a, int fixed_k) {
+static double simulated_rate(double a, int fixed_k, double slow, double noise_width) {
   static const double d = 0.09, r[4] = {0, 0.56, 0.44, 0.40};
   lks_policy *p = lks_policy_new(1, 3);
   ck_assert_ptr_nonnull(p);
@@ -434,7 +443,7 @@ static double simulated_rate(double a, int fixed_k) {
     for (int made = 0; made < 128;) {
       int kcap[1] = {3}, k[1], scratch[1];
       int K = fixed_k >= 0 ? fixed_k : lks_policy_pick(p, seqs, kcap, 1, k, scratch);
-      double speed = (step++ / 60) % 2 ? 1.2 : 1.0, noise = 1 + 0.2 * (sim_u(&rs) - 0.5);
+      double speed = (step++ / 60) % 2 ? slow : 1.0, noise = 1 + noise_width * (sim_u(&rs) - 0.5);
       double t = (1 + K * (d + r[K])) * speed * noise;
       int acc = 0;
       while (acc < K && sim_u(&rs) < a) acc++;
@@ -450,18 +459,22 @@ static double simulated_rate(double a, int fixed_k) {
 
 START_TEST(policy_reaches_the_roofline) {
   const double accs[] = {0, 0.3, 0.55, 0.65, 0.7, 0.75, 0.8, 0.87, 0.93};
-  for (size_t i = 0; i < sizeof accs / sizeof accs[0]; i++) {
-    double plain = simulated_rate(accs[i], 0), best = plain;
-    for (int K = 1; K <= 3; K++) {
-      double v = simulated_rate(accs[i], K);
-      best = v > best ? v : best;
+  // Slow stretches, noise, and the fraction of the best fixed K asked.
+  const double hosts[2][3] = {{1.2, 0.2, 0.9}, {1.5, 0.6, 0.85}};
+  for (int h = 0; h < 2; h++)
+    for (size_t i = 0; i < sizeof accs / sizeof accs[0]; i++) {
+      double slow = hosts[h][0], noise = hosts[h][1];
+      double plain = simulated_rate(accs[i], 0, slow, noise), best = plain;
+      for (int K = 1; K <= 3; K++) {
+        double v = simulated_rate(accs[i], K, slow, noise);
+        best = v > best ? v : best;
+      }
+      double got = simulated_rate(accs[i], -1, slow, noise);
+      ck_assert_msg(got >= hosts[h][2] * best, "slow %.1f noise %.1f, acceptance %.2f: x%.3f of the best fixed K",
+                    slow, noise, accs[i], got / best);
+      ck_assert_msg(got >= 0.97 * plain, "slow %.1f noise %.1f, acceptance %.2f: x%.3f of plain decoding",
+                    slow, noise, accs[i], got / plain);
     }
-    double got = simulated_rate(accs[i], -1);
-    ck_assert_msg(got >= 0.9 * best, "acceptance %.2f: x%.3f of the best fixed K", accs[i],
-                  got / best);
-    ck_assert_msg(got >= 0.97 * plain, "acceptance %.2f: x%.3f of plain decoding", accs[i],
-                  got / plain);
-  }
 }
 END_TEST
 
