@@ -92,9 +92,9 @@ typedef struct {
 // was, then came back tens to hundreds of steps later.
 enum { RECHECK_AFTER = 8 };
 typedef struct {
-  int in;        // plain steps until the recheck (0: none due)
-  int k;         // the K it probes
-  double acc;    // the pooled first-draft acceptance at the last drafting choice
+  int in;      // plain steps until the recheck (0: none due)
+  int k;       // the K it probes
+  double acc;  // the pooled first-draft acceptance at the last drafting choice
 } recheck;
 
 // Adds sample x taken at step `now`; the median of the samples since now - age (x among them).
@@ -125,7 +125,7 @@ struct lks_policy {
   int *probe_every, *probe_from;                          // [n_widths]; probe_from: K before it
   double *ceiling;  // [n_widths] the best K's rate over plain's were every draft accepted
   recheck *rc;       // [n_widths]
-  long tick;         // lks_policy_record calls: the steps the cost samples' ages count
+  long tick;         // lks_policy_record calls: the steps that the cost samples' ages count
   int probe_turn;
   double acc[LKS_MAX_DRAFTS];  // pooled acceptance per position, every sequence's observations
   int n_obs[LKS_MAX_DRAFTS];

@@ -470,10 +470,12 @@ START_TEST(policy_reaches_the_roofline) {
         best = v > best ? v : best;
       }
       double got = simulated_rate(accs[i], -1, slow, noise);
-      ck_assert_msg(got >= hosts[h][2] * best, "slow %.1f noise %.1f, acceptance %.2f: x%.3f of the best fixed K",
-                    slow, noise, accs[i], got / best);
-      ck_assert_msg(got >= 0.97 * plain, "slow %.1f noise %.1f, acceptance %.2f: x%.3f of plain decoding",
-                    slow, noise, accs[i], got / plain);
+      ck_assert_msg(got >= hosts[h][2] * best,
+                    "slow %.1f noise %.1f, acceptance %.2f: x%.3f of the best fixed K", slow, noise,
+                    accs[i], got / best);
+      ck_assert_msg(got >= 0.97 * plain,
+                    "slow %.1f noise %.1f, acceptance %.2f: x%.3f of plain decoding", slow, noise,
+                    accs[i], got / plain);
     }
 }
 END_TEST
