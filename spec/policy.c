@@ -27,6 +27,7 @@
 // and from plain decoding the less often the less any K could gain (probe_interval); while
 // sequences draft, one step in POLICY_PLAIN_EVERY decodes plainly. Nothing here changes
 // tokens: the verify rule makes the output independent of K.
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -333,7 +334,7 @@ void lks_policy_record(lks_policy *p, int w, int K, int R, double t_propose, dou
     // The first plain step of a width warms caches and buffers up (measured: 1.5x the ones
     // after it on the default model), and a plain cost set too high makes every draft look free.
     if (p->n_plain[wi]++ == 0) return;
-    c->plain = ring_put(&p->r[wi].plain, t_step, now, now);
+    c->plain = ring_put(&p->r[wi].plain, t_step, now, LONG_MAX);  // never aged
   } else {
     if (K > p->k_max || R <= 0 || p->n_plain[wi] < 2) return;
     double plain = c->plain, verify = t_step - t_propose - plain;
