@@ -14,10 +14,10 @@
 // reaches it), then the best K. A plain row in a batch that verifies others adds nothing to R:
 // it costs what it costs in a plain step (the shared plain(w)).
 //
-// The costs are medians per batch width of the last samples the scheduler measures on rank 0,
-// at width 1 before any request (lks_sched_calibrate); a draft's and a verify row's as ratios to
-// the plain step's cost when they were measured, so that all of them follow the plain step's
-// (see lks_policy_record); at a width not measured yet, plain steps
+// The costs are taken per batch width from the last samples the scheduler measures on rank 0
+// (see ring_put), at width 1 before any request (lks_sched_calibrate); a draft's and a verify
+// row's as ratios to the plain step's cost when they were measured, so that all of them follow
+// the plain step's (see lks_policy_record); at a width not measured yet, plain steps
 // (after one warm-up step, not counted) and one-draft steps are measured first; a
 // deeper K's row cost, until measured, is the one below it (it is tried when that says it
 // pays), and the neighbours of the chosen K are
@@ -68,13 +68,23 @@ static const double POLICY_MARGIN = 0.03;
 // a turn to plain decoding still to count as the costs' doing (a recheck).
 static const double RECHECK_ACC = 0.05;
 
-// Each cost is the median of its last COST_RING samples: a step that was descheduled (a shared
-// machine) moves it less than it would move an average. A draft's and a verify row's samples
-// older than COST_AGE steps (lks_policy_record calls) are left out of the median when a new one
-// comes: they are ratios to a plain cost of their time, and a machine's speed moves between
-// then and now. Without it, verify rows measured while a slow stretch began (the plain cost still
-// the fast one) outvoted the two fresh samples of every later probe, and the policy decoded
-// plainly where three drafts paid (check_spec's policy_reaches_the_roofline, noisy host).
+// Each cost is taken from its last COST_RING samples: a step that was descheduled (a shared
+// machine) moves it less than it would move an average. The plain step's is their median; a draft's
+// and a verify row's the lower third (the least of two, the third least of nine): a probe gives two
+// samples, and a stall of the machine (a descheduled rank, a link's late frame) only ever adds
+// time, so of few samples the lower ones are the step's own cost. The median of two (their mean)
+// let one stalled verify step make a row cost a plain step or more: over the 20 us link, whose
+// steps stall in pairs by 0.6-2x a plain step one time in eight, the policy decoded plainly in
+// 76-97 % of its rows where three drafts paid x1.3-1.5 (0.65-0.81 of K = 3's rate in short bench
+// runs; 0.90 with K = 3 in 98 % of them after the change). Simulated (check_spec's
+// policy_reaches_the_roofline), the least fraction of the best fixed K went from 0.777 to 0.922
+// over that link, 0.892 to 0.956 on a noisy hour, 0.944 to 0.959 on a quiet one. The plain cost
+// stays the median: a low plain cost makes every draft look dear. A draft's and a verify row's
+// samples older than COST_AGE steps (lks_policy_record calls) are left out when a new one comes:
+// they are ratios to a plain cost of their time, and a machine's speed moves between then and now.
+// Without it, verify rows measured while a slow stretch began (the plain cost still the fast one)
+// outvoted the two fresh samples of every later probe, and the policy decoded plainly where three
+// drafts paid (policy_reaches_the_roofline, noisy host).
 enum { COST_RING = 9, COST_AGE = 32 };
 typedef struct {
   double v[COST_RING];
@@ -98,8 +108,9 @@ typedef struct {
   double acc;  // the pooled first-draft acceptance at the last drafting choice
 } recheck;
 
-// Adds sample x taken at step `now`; the median of the samples since now - age (x among them).
-static double ring_put(ring *r, double x, long now, long age) {
+// Adds sample x taken at step `now`; of the samples since now - age (x among them), the median,
+// or the lower third when `low`.
+static double ring_put(ring *r, double x, long now, long age, bool low) {
   r->at[r->n % COST_RING] = now;
   r->v[r->n++ % COST_RING] = x;
   int n = r->n < COST_RING ? r->n : COST_RING, m = 0;
@@ -112,6 +123,7 @@ static double ring_put(ring *r, double x, long now, long age) {
       t[j] = t[j - 1];
       t[j - 1] = y;
     }
+  if (low) return t[(m - 1) / 3];
   return m % 2 ? t[m / 2] : 0.5 * (t[m / 2 - 1] + t[m / 2]);
 }
 
@@ -334,13 +346,14 @@ void lks_policy_record(lks_policy *p, int w, int K, int R, double t_propose, dou
     // The first plain step of a width warms caches and buffers up (measured: 1.5x the ones
     // after it on the default model), and a plain cost set too high makes every draft look free.
     if (p->n_plain[wi]++ == 0) return;
-    c->plain = ring_put(&p->r[wi].plain, t_step, now, LONG_MAX);  // never aged
+    c->plain = ring_put(&p->r[wi].plain, t_step, now, LONG_MAX, false);  // never aged
   } else {
     if (K > p->k_max || R <= 0 || p->n_plain[wi] < 2) return;
     double plain = c->plain, verify = t_step - t_propose - plain;
-    q->draft = ring_put(&p->r[wi].draft, t_propose / K / plain, now, COST_AGE);
+    q->draft = ring_put(&p->r[wi].draft, t_propose / K / plain, now, COST_AGE, true);
     p->n_draft[wi]++;
-    q->row[K] = ring_put(&p->r[wi].row[K], verify > 0 ? verify / R / plain : 0, now, COST_AGE);
+    q->row[K] =
+        ring_put(&p->r[wi].row[K], verify > 0 ? verify / R / plain : 0, now, COST_AGE, true);
     p->n_row[wi][K]++;
   }
   c->draft = q->draft * c->plain;
