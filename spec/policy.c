@@ -388,7 +388,9 @@ static int probe_interval(const lks_policy *p, int wi) {
   double gain = p->ceiling[wi] - 1;
   if (gain < POLICY_MARGIN) {
     int e = 8 * p->probe_every[wi];
-    return e < POLICY_PROBE_MOST ? POLICY_PROBE_MOST : e < POLICY_PROBE_NONE_PAYS ? e : POLICY_PROBE_NONE_PAYS;
+    return e < POLICY_PROBE_MOST        ? POLICY_PROBE_MOST
+           : e < POLICY_PROBE_NONE_PAYS ? e
+                                        : POLICY_PROBE_NONE_PAYS;
   }
   double every = p->probe_every[wi];
   if (p->last_k[wi] == 0) every *= 0.25 / gain < 1 ? 1 : 0.25 / gain > 16 ? 16 : 0.25 / gain;
