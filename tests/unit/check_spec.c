@@ -437,11 +437,11 @@ static double sim_u(uint64_t *s) {
 // A simulated host: slow stretches (every step's time times `slow` for 60 steps in turn),
 // uniform noise of +-noise / 2, and stalls: one time in 1 / stall_p a stall begins that adds
 // stall_lo..stall_hi plain steps to each of `pair` steps in a row; a draft's and a verify row's
-// cost in plain steps; the fraction of the best fixed K the policy must reach.
+// cost in plain steps.
 typedef struct {
   double slow, noise, stall_p, stall_lo, stall_hi;
   int pair;
-  double d, r[4], ask;
+  double d, r[4];
 } sim_host;
 
 static double simulated_rate(const sim_host *h, double a, int fixed_k) {
@@ -481,11 +481,11 @@ START_TEST(policy_reaches_the_roofline) {
   const double accs[] = {0, 0.3, 0.55, 0.65, 0.7, 0.75, 0.8, 0.87, 0.93};
   const sim_host hosts[] = {
       // quiet and noisy hours of this project's host, the deep model's costs
-      {.slow = 1.2, .noise = 0.2, .d = 0.09, .r = {0, 0.56, 0.44, 0.40}, .ask = 0.9},
-      {.slow = 1.5, .noise = 0.6, .d = 0.09, .r = {0, 0.56, 0.44, 0.40}, .ask = 0.9},
+      {.slow = 1.2, .noise = 0.2, .d = 0.09, .r = {0, 0.56, 0.44, 0.40}},
+      {.slow = 1.5, .noise = 0.6, .d = 0.09, .r = {0, 0.56, 0.44, 0.40}},
       // world 2 over the 20 us link: its costs, and its steps' stalls as measured
       {.slow = 1.0, .noise = 0.15, .stall_p = 0.12, .stall_lo = 0.6, .stall_hi = 2.0, .pair = 2,
-       .d = 0.06, .r = {0, 0.42, 0.37, 0.33}, .ask = 0.9},
+       .d = 0.06, .r = {0, 0.42, 0.37, 0.33}},
   };
   for (size_t h = 0; h < sizeof hosts / sizeof hosts[0]; h++)
     for (size_t i = 0; i < sizeof accs / sizeof accs[0]; i++) {
@@ -496,7 +496,7 @@ START_TEST(policy_reaches_the_roofline) {
         best = v > best ? v : best;
       }
       double got = simulated_rate(H, accs[i], -1);
-      ck_assert_msg(got >= H->ask * best, "host %zu, acceptance %.2f: x%.3f of the best fixed K",
+      ck_assert_msg(got >= 0.9 * best, "host %zu, acceptance %.2f: x%.3f of the best fixed K",
                     h, accs[i], got / best);
       ck_assert_msg(got >= 0.97 * plain, "host %zu, acceptance %.2f: x%.3f of plain decoding", h,
                     accs[i], got / plain);
