@@ -58,6 +58,9 @@ enum { POLICY_SAMPLES = 3, POLICY_DRAFT_SAMPLES = 3, POLICY_PROBE_EVERY = 32,
        POLICY_FIRST_DRAFTS = 8,
        POLICY_PLAIN_EVERY = 32 };
 static const double ACC_W = 0.1, ACC_PRIOR = 0.6;
+// How many standard errors of the pool's estimate a deeper position's acceptance is taken higher
+// for the choice (lks_policy_pick).
+static const double DEEP_Z = 1.0;
 // The pooled acceptance, every sequence's observations: the starting point of a new sequence,
 // so a long memory (about the last 50 rounds) rather than the last few.
 static const double POOL_W = 0.02;
@@ -87,7 +90,12 @@ static const double RECHECK_ACC = 0.05;
 // Without it, verify rows measured while a slow stretch began (the plain cost still the fast one)
 // outvoted the two fresh samples of every later probe, and the policy decoded plainly where three
 // drafts paid (policy_reaches_the_roofline, noisy host).
-enum { COST_RING = 9, COST_AGE = 32 };
+// The COST_KEEP newest samples count whatever their age: after a long stretch of plain decoding
+// a probe's two samples were all that was left, one stalled step then made a verify row cost a
+// plain step or more, the costs said no K could pay even with every draft accepted, and the
+// probes came 512 steps and more apart (the deep model at local world 2: plain decoding in every
+// row of a bench's warm runs, where three drafts paid x1.25).
+enum { COST_RING = 9, COST_AGE = 32, COST_KEEP = 3 };
 typedef struct {
   double v[COST_RING];
   long at[COST_RING];  // the step of each sample
@@ -110,15 +118,17 @@ typedef struct {
   double acc;  // the pooled first-draft acceptance at the last drafting choice
 } recheck;
 
-// Adds sample x taken at step `now`; of the samples since now - age (x among them), the median,
-// or the lower third when `low`.
+// Adds sample x taken at step `now`; of the samples since now - age and the COST_KEEP newest
+// (x among them), the median, or the lower third when `low`.
 static double ring_put(ring *r, double x, long now, long age, bool low) {
   r->at[r->n % COST_RING] = now;
   r->v[r->n++ % COST_RING] = x;
   int n = r->n < COST_RING ? r->n : COST_RING, m = 0;
   double t[COST_RING];
-  for (int i = 0; i < n; i++)
-    if (now - r->at[i] <= age) t[m++] = r->v[i];
+  for (int j = 0; j < n; j++) {  // the j-th newest
+    int i = (r->n - 1 - j) % COST_RING;
+    if (j < COST_KEEP || now - r->at[i] <= age) t[m++] = r->v[i];
+  }
   for (int i = 1; i < m; i++)  // insertion sort of at most 9
     for (int j = i; j > 0 && t[j - 1] > t[j]; j--) {
       double y = t[j];
@@ -461,12 +471,24 @@ int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, in
   // deeper one is observed only when the drafts before it were accepted: on the deep model one
   // early miss at position 2 left it (and 3, which follows it) at 0.27, and the server drafted
   // one token a round for 150 steps where three paid x1.5.
-  for (int j = 0; j < LKS_MAX_DRAFTS; j++)
-    if (p->n_obs[j] < POLICY_FIRST_DRAFTS)
-      for (int i = 0; i < n; i++) {
-        float a = acc[i][j] + 0.5f / (float)(p->n_obs[j] + 1);
-        acc[i][j] = a < 1 ? a : 1;
-      }
+  //
+  // A deeper position (the second draft and on) is also taken DEEP_Z standard errors of the
+  // pool's estimate higher, sqrt(a (1 - a) / (rounds + POLICY_PRIOR_LEAST)): it is observed only
+  // in rounds whose drafts before it were all accepted, so while the policy drafts one token
+  // nothing corrects it. On the deep model at local world 2 (three drafts x1.25 at a fixed K, one
+  // x1.04-1.09) a cold start whose first rounds missed left positions 2 and 3 below break-even,
+  // the probes of one draft never saw them again, and three drafts ran in 5 of 300 steps where
+  // they pay (policy_probes_the_deeper_positions). Not at the first position, observed in every
+  // drafting round: there it kept a drafter that is always wrong drafting past its first rounds
+  // (policy_first_drafts_after_calibration).
+  for (int j = 0; j < LKS_MAX_DRAFTS; j++) {
+    double first = p->n_obs[j] < POLICY_FIRST_DRAFTS ? 0.5 / (p->n_obs[j] + 1) : 0;
+    for (int i = 0; i < n; i++) {
+      double a = acc[i][j], up = first;
+      if (j > 0) up += DEEP_Z * sqrt(a * (1 - a) / (p->n_obs[j] + POLICY_PRIOR_LEAST));
+      acc[i][j] = (float)(a + up < 1 ? a + up : 1);
+    }
+  }
   // A deeper K's row cost until it is measured. For the choice, optimistic: the deepest
   // measured K's extra verify time spread over K rows (an MoE verify's union of experts grows
   // more slowly than its rows: on the deep model 2 rows cost 1.6 plain steps, 4 rows 1.9), so
@@ -514,8 +536,8 @@ int lks_policy_pick(lks_policy *p, lks_policy_seq *const *s, const int *kcap, in
   p->last_k[wi] = K;
   if (p->probe_from[wi] >= 0) {  // the first choice after a probe
     int e = p->probe_every[wi];
-    p->probe_every[wi] = K == p->probe_from[wi] ? (2 * e < POLICY_PROBE_MOST ? 2 * e : POLICY_PROBE_MOST)
-                                                : POLICY_PROBE_EVERY;
+    int twice = 2 * e < POLICY_PROBE_MOST ? 2 * e : POLICY_PROBE_MOST;
+    p->probe_every[wi] = K == p->probe_from[wi] ? twice : POLICY_PROBE_EVERY;
     p->probe_from[wi] = -1;
   }
   return K;
