@@ -111,20 +111,34 @@ static const lks__cpu_kernels k_scalar = {.name = "scalar",
 // The blocking of an m x n product: with one activation row, blocks of 8 weight rows (8
 // independent accumulators); otherwise blocks of RWB x RXB (RXB <= 4), activation rows outer so
 // that their block stays in L1 while the task's weight rows stream from L2.
-#define BLK_RX(blk, wp, xp, out, RW, nt, bf16)         \
+#define BLK_RX(blk, wp, xp, out, RW, nt, bf16, st)     \
   switch (nt) {                                        \
     case 4:                                            \
-      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 4, bf16); \
+      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 4, bf16, st); \
       break;                                           \
     case 3:                                            \
-      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 3, bf16); \
+      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 3, bf16, st); \
       break;                                           \
     case 2:                                            \
-      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 2, bf16); \
+      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 2, bf16, st); \
       break;                                           \
     default:                                           \
-      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 1, bf16); \
+      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 1, bf16, st); \
   }
+
+// Where a product streams its weights from memory once (one activation row, or a few that one
+// pass of register blocks covers: a verify's 2-4 rows, a small batch), each block fetches ahead
+// the same 64-byte line of the next block's rows: STREAM_LINE says whether column k starts a
+// line, STREAM_AHEAD is the line of row r (weights of 2 bytes with bf16, else 4). Until
+// 2026-12-05 only one activation row did, and two rows read their weights at half its speed
+// (build/kernel_bench 65536 1024, AVX-512, one thread, three alternated runs: BF16 n = 2
+// 8.9-9.3 -> 4.7-5.7 ms, n = 1 3.9-5.4 ms; F32 n = 2 13.6-14.2 -> 9.7-12.9 ms): on the deep
+// model (F32) a verify of 2 rows cost 1.57 plain steps, 1.44 after, and K = 1's roofline rose
+// from x1.13 to x1.23, K = 3's from x1.28 to x1.48 (lockstep bench --spec mtp, world 1). For
+// F32 with one row it fetches each line now too (no difference measured).
+#define STREAM_LINE(k, bf16) ((((k) << ((bf16) ? 1 : 2)) & 63) == 0)
+#define STREAM_AHEAD(w, ldw, r, k, bf16) \
+  ((const char *)(w) + ((int64_t)(r) * (ldw) + (k)) * ((bf16) ? 2 : 4))
 
 #define DEFINE_MM(level, blk, wtype, bf16, RWB, RXB)                                             \
   static void mm_##wtype##_##level(const void *w, int64_t ldw, int64_t m, const float *x,        \
@@ -135,11 +149,11 @@ static const lks__cpu_kernels k_scalar = {.name = "scalar",
     if (n == 1) {                                                                                \
       int64_t r = 0;                                                                             \
       for (; r + 8 <= m; r += 8)                                                                 \
-        blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 8, 1, bf16);           \
+        blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 8, 1, bf16, true);     \
       for (; r + 4 <= m; r += 4)                                                                 \
-        blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 4, 1, bf16);           \
+        blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 4, 1, bf16, true);     \
       for (; r < m; r++)                                                                         \
-        blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 1, 1, bf16);           \
+        blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 1, 1, bf16, true);     \
       return;                                                                                    \
     }                                                                                            \
     for (int64_t t = 0; t < n; t += RXB) {                                                       \
@@ -148,11 +162,11 @@ static const lks__cpu_kernels k_scalar = {.name = "scalar",
       int64_t r = 0;                                                                             \
       for (; r + RWB <= m; r += RWB) {                                                           \
         const char *wr = (const char *)w + r * ldw * es;                                         \
-        BLK_RX(blk, wr, xt, out + t * ldo + r, RWB, nt, bf16);                                   \
+        BLK_RX(blk, wr, xt, out + t * ldo + r, RWB, nt, bf16, n <= RXB);                         \
       }                                                                                          \
       for (; r < m; r++) {                                                                       \
         const char *wr = (const char *)w + r * ldw * es;                                         \
-        BLK_RX(blk, wr, xt, out + t * ldo + r, 1, nt, bf16);                                     \
+        BLK_RX(blk, wr, xt, out + t * ldo + r, 1, nt, bf16, n <= RXB);                           \
       }                                                                                          \
     }                                                                                            \
   }
@@ -192,7 +206,7 @@ INLINE AVX2 __m256 ld8_bf16_tail(const uint16_t *p, int r) {
 
 // A block of RW weight rows x RX activation rows; bf16 selects the weight type.
 INLINE AVX2 void blk_avx2(const void *w, int64_t ldw, const float *x, int64_t ldx, int64_t K,
-                          float *out, int64_t ldo, int RW, int RX, int bf16) {
+                          float *out, int64_t ldo, int RW, int RX, int bf16, bool stream) {
   __m256 acc[8][4];
 #pragma GCC unroll 8
   for (int i = 0; i < RW; i++)
@@ -203,9 +217,9 @@ INLINE AVX2 void blk_avx2(const void *w, int64_t ldw, const float *x, int64_t ld
     __m256 xv[4];
 #pragma GCC unroll 4
     for (int j = 0; j < RX; j++) xv[j] = ld8_f32(x + j * ldx + k);
-    if (RX == 1 && bf16 && (k & 31) == 0)  // the next block's line, as in blk_avx512
+    if ((RX == 1 || stream) && STREAM_LINE(k, bf16))  // the next block's line, as in blk_avx512
 #pragma GCC unroll 8
-      for (int i = 0; i < RW; i++) __builtin_prefetch((const uint16_t *)w + (i + RW) * ldw + k);
+      for (int i = 0; i < RW; i++) __builtin_prefetch(STREAM_AHEAD(w, ldw, i + RW, k, bf16));
 #pragma GCC unroll 8
     for (int i = 0; i < RW; i++) {
       __m256 wv = bf16 ? ld8_bf16((const uint16_t *)w + i * ldw + k)
@@ -237,12 +251,12 @@ AVX2 DEFINE_MM(avx2, blk_avx2, bf16, 1, 4, 2) AVX2 DEFINE_MM(avx2, blk_avx2, f32
 
     AVX2 static float dot_bf16_avx2(const uint16_t *w, const float *x, int64_t n) {
   float o;
-  blk_avx2(w, 0, x, 0, n, &o, 0, 1, 1, 1);
+  blk_avx2(w, 0, x, 0, n, &o, 0, 1, 1, 1, true);
   return o;
 }
 AVX2 static float dot_f32_avx2(const float *w, const float *x, int64_t n) {
   float o;
-  blk_avx2(w, 0, x, 0, n, &o, 0, 1, 1, 0);
+  blk_avx2(w, 0, x, 0, n, &o, 0, 1, 1, 0, true);
   return o;
 }
 
@@ -255,7 +269,7 @@ INLINE AVX512 __m512 ld16_bf16_bits(__m256i v) {
 }
 
 INLINE AVX512 void blk_avx512(const void *w, int64_t ldw, const float *x, int64_t ldx, int64_t K,
-                              float *out, int64_t ldo, int RW, int RX, int bf16) {
+                              float *out, int64_t ldo, int RW, int RX, int bf16, bool stream) {
   __m512 acc[8][4];
 #pragma GCC unroll 8
   for (int i = 0; i < RW; i++)
@@ -267,12 +281,11 @@ INLINE AVX512 void blk_avx512(const void *w, int64_t ldw, const float *x, int64_
 #pragma GCC unroll 4
     for (int j = 0; j < RX; j++) xv[j] = _mm512_loadu_ps(x + j * ldx + k);
     // Decode streams the weights once: the same line of the next block's rows is fetched now
-    // (once per 64-byte line of BF16), so a block starts on cached lines (at K = 1024 and two
-    // threads, 17 -> 27 GB/s in a test of the bare loop). A hint: no fault past the end.
-    if (RX == 1 && bf16 && (k & 31) == 0)
+    // (once per 64-byte line), so a block starts on cached lines (at K = 1024 and two threads,
+    // 17 -> 27 GB/s in a test of the bare loop). A hint: no fault past the end.
+    if ((RX == 1 || stream) && STREAM_LINE(k, bf16))
 #pragma GCC unroll 8
-      for (int i = 0; i < RW; i++)
-        _mm_prefetch((const char *)((const uint16_t *)w + (i + RW) * ldw + k), _MM_HINT_T0);
+      for (int i = 0; i < RW; i++) _mm_prefetch(STREAM_AHEAD(w, ldw, i + RW, k, bf16), _MM_HINT_T0);
 #pragma GCC unroll 8
     for (int i = 0; i < RW; i++) {
       __m512 wv = bf16 ? ld16_bf16_bits(_mm256_loadu_si256(
@@ -307,12 +320,12 @@ AVX512 DEFINE_MM(avx512, blk_avx512, bf16, 1, 4, 4) AVX512
 
         AVX512 static float dot_bf16_avx512(const uint16_t *w, const float *x, int64_t n) {
   float o;
-  blk_avx512(w, 0, x, 0, n, &o, 0, 1, 1, 1);
+  blk_avx512(w, 0, x, 0, n, &o, 0, 1, 1, 1, true);
   return o;
 }
 AVX512 static float dot_f32_avx512(const float *w, const float *x, int64_t n) {
   float o;
-  blk_avx512(w, 0, x, 0, n, &o, 0, 1, 1, 0);
+  blk_avx512(w, 0, x, 0, n, &o, 0, 1, 1, 0, true);
   return o;
 }
 
@@ -427,7 +440,7 @@ INLINE f32x8 fma8_neon(f32x8 acc, f32x8 a, f32x8 b) {
 
 // A block of RW weight rows x RX activation rows; bf16 selects the weight type.
 INLINE void blk_neon(const void *w, int64_t ldw, const float *x, int64_t ldx, int64_t K,
-                     float *out, int64_t ldo, int RW, int RX, int bf16) {
+                     float *out, int64_t ldo, int RW, int RX, int bf16, bool stream) {
   f32x8 acc[8][4];
 #pragma GCC unroll 8
   for (int i = 0; i < RW; i++)
@@ -438,9 +451,9 @@ INLINE void blk_neon(const void *w, int64_t ldw, const float *x, int64_t ldx, in
     f32x8 xv[4];
 #pragma GCC unroll 4
     for (int j = 0; j < RX; j++) xv[j] = ld8_f32_neon(x + j * ldx + k);
-    if (RX == 1 && bf16 && (k & 31) == 0)  // the next block's line, as in blk_avx512
+    if ((RX == 1 || stream) && STREAM_LINE(k, bf16))  // the next block's line, as in blk_avx512
 #pragma GCC unroll 8
-      for (int i = 0; i < RW; i++) __builtin_prefetch((const uint16_t *)w + (i + RW) * ldw + k);
+      for (int i = 0; i < RW; i++) __builtin_prefetch(STREAM_AHEAD(w, ldw, i + RW, k, bf16));
 #pragma GCC unroll 8
     for (int i = 0; i < RW; i++) {
       f32x8 wv = bf16 ? ld8_bf16_neon((const uint16_t *)w + i * ldw + k)
@@ -473,12 +486,12 @@ DEFINE_MM(neon, blk_neon, f32, 0, 4, 2)
 
 static float dot_bf16_neon(const uint16_t *w, const float *x, int64_t n) {
   float o;
-  blk_neon(w, 0, x, 0, n, &o, 0, 1, 1, 1);
+  blk_neon(w, 0, x, 0, n, &o, 0, 1, 1, 1, true);
   return o;
 }
 static float dot_f32_neon(const float *w, const float *x, int64_t n) {
   float o;
-  blk_neon(w, 0, x, 0, n, &o, 0, 1, 1, 0);
+  blk_neon(w, 0, x, 0, n, &o, 0, 1, 1, 0, true);
   return o;
 }
 

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 // Speed of the CPU backend's kernels on one thread, level by level (LKS_SIMD's names): the BF16
-// and F32 blocked products (mm_*) of M weight rows of K columns with 1 activation row (decode)
-// and with 8 (a batch), the FP8 (128-blocks) and NVFP4 dots one weight row at a time, and the
-// backend's FP8 and NVFP4 products of the M rows with 1 activation row (lks__quant_matmul_rows). Reports the thread's CPU time
+// and F32 blocked products (mm_*) of M weight rows of K columns with 1 activation row (decode),
+// with 2 (a verify of one draft) and with 8 (a batch), the FP8 (128-blocks) and NVFP4 dots one
+// weight row at a time, and the backend's FP8 and NVFP4 products of the M rows with 1
+// activation row (lks__quant_matmul_rows). Reports the thread's CPU time
 // per call (median of repeats), which a machine busy with other work disturbs less than wall
 // time, and the speed-up over the portable level. Under qemu-user the figures say which kernels
 // emulate faster, nothing about a real CPU.
@@ -45,11 +46,16 @@ static double run_case(const lks__cpu_kernels *k, const lks__quant_kernels *q, i
       case 1: k->mm_bf16(wb, K, M, x, K, 8, K, out, M, scratch); break;
       case 2: k->mm_f32(wf, K, M, x, K, 1, K, out, M, NULL); break;
       case 3: k->mm_f32(wf, K, M, x, K, 8, K, out, M, NULL); break;
+      case 8: k->mm_bf16(wb, K, M, x, K, 2, K, out, M, scratch); break;
+      case 9: k->mm_f32(wf, K, M, x, K, 2, K, out, M, NULL); break;
       case 6:
-      case 7: {  // the backend's product (several weight rows a kernel call where it has them)
+      case 7:
+      case 10:
+      case 11: {  // the backend's product (several weight rows a kernel call where it has them)
         lks__qweight q8 = {LKS_Q_FP8_BLOCK, w8, K, bs, K / 128, 1.0f, M, K};
         lks__qweight q4 = {LKS_Q_NVFP4, w4, K / 2, gs, K / 16, 1.0f, M, K};
-        lks__quant_matmul_rows(q, c == 6 ? &q8 : &q4, 0, M, x, K, 1, NULL, out, M, false);
+        lks__quant_matmul_rows(q, c == 6 || c == 10 ? &q8 : &q4, 0, M, x, K, c < 10 ? 1 : 2, NULL,
+                               out, M, false);
         break;
       }
       default: {
@@ -95,8 +101,9 @@ int main(int argc, char **argv) {
   for (int64_t i = 0; i < 8 * K; i++) x[i] = (float)((i % 7) - 3) * 0.25f;
   static const char *levels[] = {"scalar", "avx2", "avx512", "amx", "neon", "neon_bf16"};
   static const char *cases[] = {"mm_bf16 n=1", "mm_bf16 n=8", "mm_f32 n=1", "mm_f32 n=8",
-                                "fp8 dot",     "nvfp4 dot",   "fp8 n=1",    "nvfp4 n=1"};
-  enum { N_CASES = 8 };
+                                "fp8 dot",     "nvfp4 dot",   "fp8 n=1",    "nvfp4 n=1",
+                                "mm_bf16 n=2", "mm_f32 n=2",  "fp8 n=2",    "nvfp4 n=2"};
+  enum { N_CASES = 12 };
   double base[N_CASES] = {0};
   printf("kernel_bench: %lld x %lld weights, CPU ms per call (median of %d), speed-up over scalar\n",
          (long long)M, (long long)K, rep);
@@ -105,7 +112,8 @@ int main(int argc, char **argv) {
     const lks__quant_kernels *q = lks__quant_kernels_get(levels[l]);
     if (!k) continue;
     for (int c = 0; c < N_CASES; c++) {
-      if (c >= 4 && (!q || strcmp(q->name, levels[l]) != 0)) continue;  // the same as another
+      bool quant = (c >= 4 && c < 8) || c >= 10;
+      if (quant && (!q || strcmp(q->name, levels[l]) != 0)) continue;  // the same as another
       double t = run_case(k, q, c, rep, wb, wf, w8, w4, bs, gs, x, M, K, out);
       if (l == 0) base[c] = t;
       printf("  %-10s %-12s %9.3f ms  x%.2f\n", levels[l], cases[c], t * 1e3,
