@@ -385,7 +385,8 @@ static int announce(lks_sched *s, int n_free, int n_alloc, bool levers) {
 // left (the verify rows L..L+k must fit in --max-seq-len); sequences that draft nothing keep
 // their drafter's backlog (lazy catch-up), caught up by the proposer only when it is full.
 // Drafting sequences are proposed together at the deepest count and each verifies its own first
-// k. Returns the number of decode sequences (m->dreq); m->n_d[i] is each one's draft count and
+// k; one whose room is less than the deepest count steps plain. Returns the number of decode
+// sequences (m->dreq); m->n_d[i] is each one's draft count and
 // m->drafts + i * LKS_MAX_DRAFTS its drafts; *K_out the deepest count, *R_out their sum;
 // *caught_up whether a drafting sequence had plain steps to catch up (its cost is not a step's).
 static int propose(lks_sched *s, int *K_out, int *R_out, bool *caught_up) {
@@ -409,6 +410,7 @@ static int propose(lks_sched *s, int *K_out, int *R_out, bool *caught_up) {
   int k_lim = s->now.speculation ? lks_ladder_k(&s->now.parsed, n_dec, s->now.n_drafts) : 0;
   for (int i = 0; i < n_dec; i++) {
     int room = s->o.max_len - 1 - m->dreq[i]->n_fed;
+    if (pr->block > 0 && room < pr->block - 1) room = 0;  // dflash: the whole block must fit
     m->kcap[i] = room < 0 ? 0 : room < k_lim ? room : k_lim;
   }
   int K = 0;
@@ -433,6 +435,9 @@ static int propose(lks_sched *s, int *K_out, int *R_out, bool *caught_up) {
   }
   int n_draft = 0, n_rest = 0;
   for (int i = 0; i < n_dec; i++) {
+    // The batch proposes at K: a sequence with room for fewer drafts (the end of its context)
+    // would pass --max-seq-len in the drafter, so it steps plain this time.
+    if (m->kcap[i] < K) m->n_d[i] = 0;
     if (m->n_d[i] > 0) m->idx[n_draft++] = i;
     *caught_up |= m->n_d[i] > 0 && m->pseq[i]->waiting > 0;
     m->pseq[i]->waiting = m->n_d[i] > 0 ? 0 : m->pseq[i]->waiting + 1;

@@ -267,9 +267,10 @@ static int check_dflash_propose(const lks_engine *e, const Lockstep__MtpPropose 
                            "DFlash propose: slot %u drafts at %u, its context holds %d positions and "
                            "%d kept rows at %d",
                            s->slot, s->start_pos, have, sp->hid_rows, sp->hid_pos);
-    if ((int64_t)s->start_pos + B > e->max_len)
-      return lks_set_error(LKS_ERANGE, "DFlash propose: slot %u's block would pass the longest "
-                           "sequence", s->slot);
+    // A catch-up (no drafts) runs no block: only its context must fit.
+    if ((int64_t)s->start_pos + (p->n_drafts > 0 ? B : 0) > e->max_len)
+      return lks_set_error(LKS_ERANGE, "DFlash propose: slot %u's %s would pass the longest "
+                           "sequence", s->slot, p->n_drafts > 0 ? "block" : "context");
   }
   return 0;
 }

@@ -175,6 +175,24 @@ int main(int argc, char **argv) {
   printf("KV blocks free after the runs: %d/%d (target), %d/%d (drafter context) %s\n", t1, t0,
          d1, d0, ok ? "ok" : "FAIL");
   failures += !ok;
+  // The end of the context: sequences that end at --max-seq-len (256) after 2 .. 6 tokens,
+  // drafting up to the block. A block that would pass the longest sequence is not proposed, nor
+  // the catch-up of one that cannot draft refused (the world failed at both); the tokens are
+  // those of plain decoding. After 2, the first propose is 2 positions from the end.
+  for (int n_end = 2; n_end <= 6; n_end++) {
+    lks_spec_stats st;
+    int n = 256 - n_end;
+    int32_t *prompt = malloc((size_t)n * sizeof *prompt);
+    if (!prompt) goto fail;
+    for (int j = 0; j < n; j++) prompt[j] = (int32_t)((j * 31 + 3) % vocab);
+    int rc = run(w, "off", 0, prompt, n, n_end, 0, 7, &base, &st);
+    if (rc == 0) rc = run(w, "dflash", kmax, prompt, n, n_end, 0, 7, &got, &st);
+    bool ok = rc == 0 && same(&base, &got);
+    printf("end of the context, dflash K=%d, %d tokens to the last position: %s%s%s\n", kmax,
+           n_end, ok ? "ok" : "FAIL", rc < 0 ? ": " : "", rc < 0 ? lks_last_error() : "");
+    failures += !ok;
+    free(prompt);
+  }
   // A propose of more drafts than the block holds is refused.
   {
     lks_spec_stats st;

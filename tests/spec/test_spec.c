@@ -52,6 +52,7 @@ static void collect(void *ctx, int32_t tok, bool eos) {
 }
 
 static int failures;
+static const char MAX_LEN_TEXT[] = "256";  // the world's --max-seq-len
 
 // One prompt through the scheduler (the decoding loop `serve` runs), with proposer `spec` ("off",
 // "mtp", "ngram") drafting up to k tokens, the gate off so that every round speculates.
@@ -318,6 +319,93 @@ static int leak_test(lks_world *w, int leak, int vocab, sink *got) {
   return 0;
 }
 
+// The end-of-context test: slot 0 (the long sequence, admitted first) drafts 1, the others 4.
+static int edge_k(void *ctx, int slot, int n_generated) {
+  (void)ctx, (void)n_generated;
+  return slot == 0 ? 1 : 4;
+}
+
+// Each token of a sequence with the step that emitted it.
+typedef struct {
+  int32_t tok[128];
+  int step[128], n, *now;
+} edge_sink;
+
+static void edge_collect(void *ctx, int32_t tok, bool eos) {
+  (void)eos;
+  edge_sink *e = ctx;
+  if (e->n < 128) {
+    e->tok[e->n] = tok;
+    e->step[e->n++] = *e->now;
+  }
+}
+
+// The end of the context: a sequence within 4 positions of --max-seq-len (max_len) decodes beside
+// one that drafts 4, with proposer `spec`. A propose at the batch's count of 4 would pass the
+// longest sequence for it, and the world would fail (it did: serve_fuzz_w1_mtp). The long one
+// drafts 1 (slot 0), so it steps 1 or 2 positions at a time and meets the last 4 positions in a
+// step in which the short one still drafts. Each sequence's tokens must be those of plain
+// decoding alone, and that step must have happened (else the test proves nothing).
+static int edge_test(lks_world *w, const char *spec, int max_len, int vocab, sink *base) {
+  enum { N_LONG_GEN = 12, N_SHORT = 4, N_SHORT_GEN = 96 };
+  int n_long = max_len - N_LONG_GEN, now = 0;
+  int32_t *lp = malloc((size_t)n_long * sizeof *lp), sp[N_SHORT] = {5, 6, 7, 8};
+  int32_t *want = malloc((N_LONG_GEN + N_SHORT_GEN) * sizeof *want);
+  sink alone = {malloc(N_SHORT_GEN * sizeof(int32_t)), 0};
+  if (!lp || !want || !alone.tok) return -1;
+  for (int j = 0; j < n_long; j++) lp[j] = (int32_t)((j * 31 + 3) % vocab);
+  lks_spec_stats st;
+  int rc = run(w, "off", 0, lp, n_long, N_LONG_GEN, &alone, &st);
+  memcpy(want, alone.tok, N_LONG_GEN * sizeof *want);
+  if (rc == 0) rc = run(w, "off", 0, sp, N_SHORT, N_SHORT_GEN, &alone, &st);
+  memcpy(want + N_LONG_GEN, alone.tok, N_SHORT_GEN * sizeof *want);
+  force = edge_k;
+  lks_sched *sched = rc == 0 ? new_sched(w, spec, 4) : NULL;
+  force = NULL;
+  edge_sink have[2] = {{.now = &now}, {.now = &now}};
+  lks_req *req[2] = {NULL, NULL};
+  for (int i = 0; sched && i < 2; i++) {
+    lks_req_params p = {0};
+    p.n_prompt = i ? N_SHORT : n_long;
+    p.prompt = malloc((size_t)p.n_prompt * sizeof *p.prompt);
+    if (!p.prompt) break;
+    memcpy(p.prompt, i ? sp : lp, (size_t)p.n_prompt * sizeof *p.prompt);
+    p.max_tokens = i ? N_SHORT_GEN : N_LONG_GEN;
+    p.ignore_eos = true;
+    p.sampling = (lks_sampling){0, 0, 1.0f};
+    p.on_token = edge_collect;
+    p.on_token_ctx = &have[i];
+    int err;
+    req[i] = lks_sched_submit(sched, &p, &err);
+  }
+  if (!sched || !req[0] || !req[1]) rc = -1;
+  while (rc == 0 && !(lks_req_finished(req[0]) && lks_req_finished(req[1])) && now < 1000) {
+    now++;
+    rc = lks_sched_step(sched) < 0 ? -1 : 0;
+  }
+  if (rc == 0) rc = lks_sched_step(sched) < 0 ? -1 : 0;  // frees the slots on every rank
+  // The step that emitted the long one's 11th or 12th token started within 3 positions of the
+  // end (10 or 11 emitted: room 2 or 1 for verify rows), and the short one was still going.
+  bool met = false;
+  for (int j = N_LONG_GEN - 2; j < have[0].n && j < N_LONG_GEN; j++)
+    for (int t = 0; t < have[1].n; t++) met |= have[1].step[t] == have[0].step[j];
+  bool ok = rc == 0 && met && have[0].n == N_LONG_GEN && have[1].n == N_SHORT_GEN &&
+            !memcmp(have[0].tok, want, N_LONG_GEN * sizeof *want) &&
+            !memcmp(have[1].tok, want + N_LONG_GEN, N_SHORT_GEN * sizeof *want);
+  printf("end of the context, %s: a sequence within 3 positions of --max-seq-len beside one that "
+         "drafts 4 (%s): %s%s%s\n", spec, met ? "met" : "NOT met", ok ? "ok" : "FAIL",
+         rc < 0 ? ": " : "", rc < 0 ? lks_last_error() : "");
+  failures += !ok;
+  for (int i = 0; i < 2; i++)
+    if (req[i]) lks_req_release(req[i]);
+  if (sched) lks_sched_free(sched);
+  free(alone.tok);
+  free(want);
+  free(lp);
+  (void)base;
+  return 0;
+}
+
 // Levers: set on every rank at the same step; a propose beyond them is refused (by rank 0 before
 // it is sent, and by every worker), one within them runs.
 static int levers_test(lks_world *w, sink *got) {
@@ -348,12 +436,12 @@ int main(int argc, char **argv) {
   int n_gen = argc > 4 ? atoi(argv[4]) : 64, leak = argc > 5 ? atoi(argv[5]) : 0;
   lks_settings *s = lks_settings_new();
   if (!s || lks_settings_set(s, "model", argv[1], "test") < 0 ||
-      lks_settings_set(s, "max-seq-len", "256", "test") < 0 ||
+      lks_settings_set(s, "max-seq-len", MAX_LEN_TEXT, "test") < 0 ||
       lks_settings_set(s, "threads", "1", "test") < 0) {
     fprintf(stderr, "settings: %s\n", lks_last_error());
     return 2;
   }
-  lks_world *w = lks_world_start(s, argv[1], 1);
+  lks_world *w = lks_world_start(s, argv[1], 2);  // two slots: the end-of-context test
   if (!w) {
     fprintf(stderr, "world: %s\n", lks_last_error());
     lks_mpi_abort(1);
@@ -397,6 +485,7 @@ int main(int argc, char **argv) {
   if (catchup_test(w, cprompt, 12) < 0) goto fail;
   if (calibrate_test(w, cprompt, 12, n_gen, &base, &got) < 0) goto fail;
   if (leak > 0 && leak_test(w, leak, vocab, &got) < 0) goto fail;
+  if (edge_test(w, "mtp", atoi(MAX_LEN_TEXT), vocab, &base) < 0) goto fail;
   if (levers_test(w, &got) < 0) goto fail;
   free(base.tok);
   free(got.tok);
