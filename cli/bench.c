@@ -369,7 +369,7 @@ static double median_at(const double *v, int w0, int reps, int stride, int j) {
 
 static int bench_spec(lks_world *w, const lks_sched_opts *so, const char *spec,
                       const int32_t *tok, int n_pre, int n_dec, int reps, spec_medians *md,
-                      lks_spec_stats *sst) {
+                      lks_spec_stats *sst, lks_spec_stats *cold) {
   if (reps > 64) reps = 64;
   int k_max = so->n_drafts < LKS_MAX_DRAFTS ? so->n_drafts : LKS_MAX_DRAFTS;
   // Per repeat: the plain and speculative times, rates and their ratio, then 4 figures per K.
@@ -400,6 +400,7 @@ static int bench_spec(lks_world *w, const lks_sched_opts *so, const char *spec,
       } else if (run == 1) {
         rc = bench_run_in(w, srv, tok, n_pre, n_dec, &bc, sst);
         x[1] = lks_now() - t0;
+        if (r == 0) *cold = *sst;
       } else {
         fixed.n_drafts = run - 1;
         rc = bench_run(w, &fixed, tok, n_pre, n_dec, &bc, &kst[run - 2]);
@@ -569,9 +570,9 @@ int lks_cmd_bench(lks_settings *s) {
   }
   // Speculation: the same prompt and length with and without the proposer.
   const char *spec = lks_settings_str(s, "spec");
-  lks_spec_stats sst = {0};
+  lks_spec_stats sst = {0}, cold = {0};
   spec_medians md = {0};
-  if (strcmp(spec, "off") != 0 && bench_spec(w, &so, spec, tok, n_pre, n_dec, reps, &md, &sst) < 0)
+  if (strcmp(spec, "off") != 0 && bench_spec(w, &so, spec, tok, n_pre, n_dec, reps, &md, &sst, &cold) < 0)
     goto fail;
   double t_plain_run = md.t_plain, t_spec_run = md.t_spec;
   double rtt = heartbeat_rtt(w, 200);
@@ -699,6 +700,15 @@ int lks_cmd_bench(lks_settings *s) {
            md.frac, md.frac_cold, md.k_best);
     for (int i = 0; i <= sst.k_max; i++)
       printf(" %d: %.0f%%", i, rows ? 100.0 * (double)sst.k_rows[i] / (double)rows : 0.0);
+    printf("\n");
+    // The cold first run: what the policy explored before it knew the drafter.
+    uint64_t crows = 0;
+    for (int i = 0; i <= cold.k_max; i++) crows += cold.k_rows[i];
+    printf("%s, cold first run: %llu rounds, first-draft acceptance %.3f; K per decode row:",
+           so.gate ? "policy" : "fixed K", (unsigned long long)cold.rounds,
+           cold.proposed[0] ? (double)cold.accepted[0] / (double)cold.proposed[0] : 0.0);
+    for (int i = 0; i <= cold.k_max; i++)
+      printf(" %d: %.1f%%", i, crows ? 100.0 * (double)cold.k_rows[i] / (double)crows : 0.0);
     printf("\n");
     printf("generate %d tokens after %d (prefill included), --spec %s -k %d: %.2f tokens/s vs %.2f "
            "without (x%.2f)\n",
