@@ -231,12 +231,20 @@ static size_t aux_floats(const cpu_backend *c, int64_t K) {
 // tile[t * ldt + (r - r0)] = dot(w row r, x row t) for r in [r0, r1), t < n: the kernels for
 // F32 and BF16, F16 through a widened copy. `wide` holds aux_floats(c, K) floats. Each element is
 // summed in the kernel level's one order, whatever r0, r1 and n (batch invariance).
+// next (NULL: not known): the weight whose rows [nr0, nr1) the thread reads next, a hint that
+// quantized decode uses to fetch them ahead (lks__qweight.next).
 static void mm_tile(const cpu_backend *c, lks_tensor w, int64_t r0, int64_t r1, const float *x,
-                    int64_t ldx, int64_t n, float *tile, int64_t ldt, float *wide) {
+                    int64_t ldx, int64_t n, float *tile, int64_t ldt, float *wide,
+                    const lks_tensor *next, int64_t nr0, int64_t nr1) {
   const lks__cpu_kernels *k = c->k;
   if (w.qs != LKS_Q_NONE) {  // quantized: dequantized in registers (cpu_quant.c), tile[t][r - r0]
-    lks__qweight q = {w.qs, (const uint8_t *)ptr(w), w.ld, (const char *)w.sbuf->data + w.soff,
-                      w.sld, w.qglobal, w.rows, w.cols};
+    lks__qweight q = {.qs = w.qs, .codes = (const uint8_t *)ptr(w), .ld = w.ld,
+                      .scales = (const char *)w.sbuf->data + w.soff, .sld = w.sld,
+                      .global = w.qglobal, .rows = w.rows, .cols = w.cols};
+    if (next && next->qs == w.qs && next->ld == w.ld && nr0 < nr1) {
+      q.next = (const uint8_t *)ptr(*next) + nr0 * next->ld;
+      q.next_rows = nr1 - nr0;
+    }
     lks__quant_matmul_rows(c->qk, &q, r0, r1, x, ldx, n, NULL, tile - r0, ldt, false);
     return;
   }
@@ -289,7 +297,10 @@ static void mm_task(void *ctx, int task, int thread) {
   int64_t r0 = (int64_t)task * j->per, r1 = r0 + j->per < j->w.rows ? r0 + j->per : j->w.rows;
   int64_t m = r1 - r0;
   float *tile = j->c->thread_scratch[thread].p, *wide = tile + j->per * j->n;
-  mm_tile(j->c, j->w, r0, r1, j->x, j->ldx, j->n, tile, m, wide);
+  // The thread's next task, most likely: the pool hands tasks out in order, one each in turn.
+  int64_t n0 = r1 + (j->c->n_threads - 1) * j->per;
+  int64_t n1 = n0 + j->per < j->w.rows ? n0 + j->per : j->w.rows;
+  mm_tile(j->c, j->w, r0, r1, j->x, j->ldx, j->n, tile, m, wide, &j->w, n0, n1);
   for (int64_t t = 0; t < j->n; t++) {
     float *o = j->out + t * j->ldo + r0;
     const float *d = tile + t * m;
@@ -513,8 +524,19 @@ static void experts_up_task(void *ctx, int task, int thread) {
   int64_t r1 = r0 + j->per1 < I ? r0 + j->per1 : I, m = r1 - r0;
   float *g = j->c->thread_scratch[thread].p, *u = g + j->per1 * j->max_n;
   float *wide = u + j->per1 * j->max_n;
-  mm_tile(j->c, ec->gate, r0, r1, j->xin[e], j->ldx[e], n, g, m, wide);
-  mm_tile(j->c, ec->up, r0, r1, j->xin[e], j->ldx[e], n, u, m, wide);
+  // What the thread reads next: up's rows after gate's; after up, the gate rows of the task
+  // n_threads on, most likely its next (the pool hands tasks out in order, one each in turn).
+  mm_tile(j->c, ec->gate, r0, r1, j->xin[e], j->ldx[e], n, g, m, wide, &ec->up, r0, r1);
+  const lks_tensor *next = NULL;
+  int64_t n0 = 0, n1 = 0, nt = task + j->c->n_threads;
+  if (nt < j->task0[j->n_calls]) {
+    int e2 = e;
+    while (nt >= j->task0[e2 + 1]) e2++;
+    next = &j->calls[e2].gate;
+    n0 = (int64_t)(nt - j->task0[e2]) * j->per1;
+    n1 = n0 + j->per1 < next->rows ? n0 + j->per1 : next->rows;
+  }
+  mm_tile(j->c, ec->up, r0, r1, j->xin[e], j->ldx[e], n, u, m, wide, next, n0, n1);
   for (int64_t t = 0; t < n; t++)
     for (int64_t r = 0; r < m; r++) {
       float gv = g[t * m + r] + 0.0f, uv = u[t * m + r] + 0.0f;  // as a matmul without bias
@@ -529,7 +551,15 @@ static void experts_down_task(void *ctx, int task, int thread) {
   float *d = j->c->thread_scratch[thread].p, *wide = d + j->per2 * j->max_n;
   for (int e = 0; e < j->n_calls; e++) {
     const lks_expert_call *ec = &j->calls[e];
-    mm_tile(j->c, ec->down, c0, c1, j->act[e], ec->gate.rows, ec->n, d, m, wide);
+    // Next: the same columns of the following expert's down; after the last, the first
+    // expert's columns of the task n_threads on (most likely the thread's next, as above).
+    int64_t n0 = c0, n1 = c1, nc = j->c->n_threads * j->per2;
+    const lks_tensor *next = e + 1 < j->n_calls ? &j->calls[e + 1].down : &j->calls[0].down;
+    if (e + 1 == j->n_calls) {
+      n0 = c0 + nc < j->H ? c0 + nc : j->H;
+      n1 = c1 + nc < j->H ? c1 + nc : j->H;
+    }
+    mm_tile(j->c, ec->down, c0, c1, j->act[e], ec->gate.rows, ec->n, d, m, wide, next, n0, n1);
     for (int64_t t = 0; t < ec->n; t++) {
       float *o = row_f32(j->out, ec->rows ? ec->rows[t] : t) + c0;
       float w = ec->weights ? ec->weights[t] : 1.0f;

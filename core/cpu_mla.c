@@ -23,8 +23,9 @@ static float *frow(lks_backend *be, lks_tensor t, int64_t r) {
 // Row r of a weight (F32, BF16, F16, or quantized) widened to f32.
 static void wrow(lks_backend *be, lks_tensor w, int64_t r, float *dst) {
   if (w.qs != LKS_Q_NONE) {
-    lks__qweight q = {w.qs, tptr(be, w), w.ld, (const char *)be->ops->buf_ptr(be, w.sbuf) + w.soff,
-                      w.sld, w.qglobal, w.rows, w.cols};
+    lks__qweight q = {.qs = w.qs, .codes = tptr(be, w), .ld = w.ld,
+                      .scales = (const char *)be->ops->buf_ptr(be, w.sbuf) + w.soff, .sld = w.sld,
+                      .global = w.qglobal, .rows = w.rows, .cols = w.cols};
     lks__quant_row_f32(&q, r, dst);
     return;
   }

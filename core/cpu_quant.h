@@ -78,6 +78,11 @@ typedef struct lks__qweight {
   int64_t sld;
   float global;
   int64_t rows, cols;
+  // Codes the same thread reads right after rows [r0, r1) of a product, next_rows rows at stride
+  // ld (NULL: none known): decode fetches them ahead as it reads the last rows, so that the next
+  // product's first loads do not wait on memory.
+  const uint8_t *next;
+  int64_t next_rows;
 } lks__qweight;
 
 // Output rows [r0, r1) of out (+)= x W^T + bias for n activation rows (x row stride ldx, out row

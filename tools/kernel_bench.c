@@ -52,8 +52,10 @@ static double run_case(const lks__cpu_kernels *k, const lks__quant_kernels *q, i
       case 7:
       case 10:
       case 11: {  // the backend's product (several weight rows a kernel call where it has them)
-        lks__qweight q8 = {LKS_Q_FP8_BLOCK, w8, K, bs, K / 128, 1.0f, M, K};
-        lks__qweight q4 = {LKS_Q_NVFP4, w4, K / 2, gs, K / 16, 1.0f, M, K};
+        lks__qweight q8 = {.qs = LKS_Q_FP8_BLOCK, .codes = w8, .ld = K, .scales = bs,
+                           .sld = K / 128, .global = 1.0f, .rows = M, .cols = K};
+        lks__qweight q4 = {.qs = LKS_Q_NVFP4, .codes = w4, .ld = K / 2, .scales = gs,
+                           .sld = K / 16, .global = 1.0f, .rows = M, .cols = K};
         lks__quant_matmul_rows(q, c == 6 || c == 10 ? &q8 : &q4, 0, M, x, K, c < 10 ? 1 : 2, NULL,
                                out, M, false);
         break;
