@@ -171,7 +171,7 @@ typedef struct lks_backend_ops {
                 lks_tensor down);
   // Optional (NULL: expert once per call, in order; lks_backend_experts applies it): the
   // experts of calls[0 .. n_calls) on the same x and out, with the result of those expert calls
-  // in that order, bitwise; a backend runs them together (the CPU in two parallel phases).
+  // in that order, bitwise; a backend runs them together (the CPU in three parallel phases).
   int (*experts)(lks_backend *be, lks_tensor out, lks_tensor x, const lks_expert_call *calls,
                  int n_calls);
   // Optional (NULL: the caller routes with `route` and runs `expert` per selected expert): the

@@ -31,6 +31,9 @@ static int cmp_d(const void *a, const void *b) {
 
 enum { MAX_REP = 64 };
 
+// 128-column scale blocks of a row of K columns (the last one cropped).
+#define KB(K) (((K) + 127) / 128)
+
 // The median CPU time of `rep` runs of case c of level l.
 static double run_case(const lks__cpu_kernels *k, const lks__quant_kernels *q, int c, int rep,
                        const void *wb, const float *wf, const uint8_t *w8, const uint8_t *w4,
@@ -53,7 +56,7 @@ static double run_case(const lks__cpu_kernels *k, const lks__quant_kernels *q, i
       case 10:
       case 11: {  // the backend's product (several weight rows a kernel call where it has them)
         lks__qweight q8 = {.qs = LKS_Q_FP8_BLOCK, .codes = w8, .ld = K, .scales = bs,
-                           .sld = K / 128, .global = 1.0f, .rows = M, .cols = K};
+                           .sld = KB(K), .global = 1.0f, .rows = M, .cols = K};
         lks__qweight q4 = {.qs = LKS_Q_NVFP4, .codes = w4, .ld = K / 2, .scales = gs,
                            .sld = K / 16, .global = 1.0f, .rows = M, .cols = K};
         lks__quant_matmul_rows(q, c == 6 || c == 10 ? &q8 : &q4, 0, M, x, K, c < 10 ? 1 : 2, NULL,
@@ -64,7 +67,7 @@ static double run_case(const lks__cpu_kernels *k, const lks__quant_kernels *q, i
         const float *xs[1] = {x};
         for (int64_t i = 0; i < M; i++) {
           if (c == 4)
-            q->fp8(w8 + i * K, bs + (i / 128) * (K / 128), 128, xs, 1, K, out + i);
+            q->fp8(w8 + i * K, bs + (i / 128) * KB(K), 128, xs, 1, K, out + i);
           else
             q->nvfp4(w4 + i * (K / 2), gs + i * (K / 16), xs, 1, K, out + i);
         }
@@ -80,13 +83,13 @@ static double run_case(const lks__cpu_kernels *k, const lks__quant_kernels *q, i
 int main(int argc, char **argv) {
   int64_t M = argc > 1 ? atoll(argv[1]) : 512, K = argc > 2 ? atoll(argv[2]) : 1024;
   int rep = argc > 3 ? atoi(argv[3]) : 5;
-  if (M < 1 || K < 128 || K % 128 || rep < 1 || rep > MAX_REP) {
-    fprintf(stderr, "usage: kernel_bench [M] [K, a multiple of 128] [repeats <= %d]\n", MAX_REP);
+  if (M < 1 || K < 32 || K % 32 || rep < 1 || rep > MAX_REP) {
+    fprintf(stderr, "usage: kernel_bench [M] [K, a multiple of 32] [repeats <= %d]\n", MAX_REP);
     return 2;
   }
   uint16_t *wb = malloc((size_t)(M * K) * 2);
   float *wf = malloc((size_t)(M * K) * 4), *x = malloc((size_t)(8 * K) * 4);
-  float *bs = malloc((size_t)(M * K / 128) * 4 + 4), *out = malloc((size_t)(8 * M) * 4);
+  float *bs = malloc((size_t)(((M + 127) / 128) * KB(K)) * 4), *out = malloc((size_t)(8 * M) * 4);
   uint8_t *w8 = malloc((size_t)(M * K)), *w4 = malloc((size_t)(M * K / 2)),
           *gs = malloc((size_t)(M * K / 16));
   if (!wb || !wf || !x || !bs || !out || !w8 || !w4 || !gs) return 1;
@@ -99,7 +102,7 @@ int main(int argc, char **argv) {
     if (i < M * K / 2) w4[i] = (uint8_t)(s >> 17);
     if (i < M * K / 16) gs[i] = (uint8_t)(s >> 29) & 0x3f;
   }
-  for (int64_t i = 0; i < M * K / 128; i++) bs[i] = 0.01f;
+  for (int64_t i = 0; i < (M + 127) / 128 * KB(K); i++) bs[i] = 0.01f;
   for (int64_t i = 0; i < 8 * K; i++) x[i] = (float)((i % 7) - 3) * 0.25f;
   static const char *levels[] = {"scalar", "avx2", "avx512", "amx", "neon", "neon_bf16"};
   static const char *cases[] = {"mm_bf16 n=1", "mm_bf16 n=8", "mm_f32 n=1", "mm_f32 n=8",
