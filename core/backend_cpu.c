@@ -527,6 +527,20 @@ static int task_expert(const int *first, int task) {
   return e;
 }
 
+// What the task n_threads after `task` reads first, in phase 1 (first: task0; gate's rows) or
+// phase 2 (task2; down's rows), per rows a task: most likely the thread's next task, as the pool
+// hands tasks out in order, one each in turn. NULL when there is none.
+static const lks_tensor *next_rows(const experts_job *j, const int *first, int task, int64_t per,
+                                   int64_t *n0, int64_t *n1) {
+  int nt = task + j->c->n_threads;
+  if (nt >= first[j->n_calls]) return NULL;
+  int e = task_expert(first, nt);
+  const lks_tensor *w = first == j->task0 ? &j->calls[e].gate : &j->calls[e].down;
+  *n0 = (int64_t)(nt - first[e]) * per;
+  *n1 = *n0 + per < w->rows ? *n0 + per : w->rows;
+  return w;
+}
+
 static void experts_up_task(void *ctx, int task, int thread) {
   experts_job *j = ctx;
   int e = task_expert(j->task0, task);
@@ -536,18 +550,10 @@ static void experts_up_task(void *ctx, int task, int thread) {
   int64_t r1 = r0 + j->per1 < I ? r0 + j->per1 : I, m = r1 - r0;
   float *g = j->c->thread_scratch[thread].p, *u = g + j->per1 * j->max_n;
   float *wide = u + j->per1 * j->max_n;
-  // What the thread reads next: up's rows after gate's; after up, the gate rows of the task
-  // n_threads on, most likely its next (the pool hands tasks out in order, one each in turn).
+  // What the thread reads next: up's rows after gate's, then the next task's gate rows.
   mm_tile(j->c, ec->gate, r0, r1, j->xin[e], j->ldx[e], n, g, m, wide, &ec->up, r0, r1);
-  const lks_tensor *next = NULL;
   int64_t n0 = 0, n1 = 0;
-  int nt = task + j->c->n_threads;
-  if (nt < j->task0[j->n_calls]) {
-    int e2 = task_expert(j->task0, nt);
-    next = &j->calls[e2].gate;
-    n0 = (int64_t)(nt - j->task0[e2]) * j->per1;
-    n1 = n0 + j->per1 < next->rows ? n0 + j->per1 : next->rows;
-  }
+  const lks_tensor *next = next_rows(j, j->task0, task, j->per1, &n0, &n1);
   mm_tile(j->c, ec->up, r0, r1, j->xin[e], j->ldx[e], n, u, m, wide, next, n0, n1);
   for (int64_t t = 0; t < n; t++)
     for (int64_t r = 0; r < m; r++) {
@@ -563,16 +569,8 @@ static void experts_down_task(void *ctx, int task, int thread) {
   int64_t c0 = (int64_t)(task - j->task2[e]) * j->per2;
   int64_t c1 = c0 + j->per2 < j->H ? c0 + j->per2 : j->H;
   float *wide = j->c->thread_scratch[thread].p;
-  // Next: the down rows of the task n_threads on, most likely the thread's next (as above).
-  const lks_tensor *next = NULL;
   int64_t n0 = 0, n1 = 0;
-  int nt = task + j->c->n_threads;
-  if (nt < j->task2[j->n_calls]) {
-    int e2 = task_expert(j->task2, nt);
-    next = &j->calls[e2].down;
-    n0 = (int64_t)(nt - j->task2[e2]) * j->per2;
-    n1 = n0 + j->per2 < j->H ? n0 + j->per2 : j->H;
-  }
+  const lks_tensor *next = next_rows(j, j->task2, task, j->per2, &n0, &n1);
   mm_tile(j->c, ec->down, c0, c1, j->act[e], ec->gate.rows, ec->n, j->d[e] + c0, j->H, wide,
           next, n0, n1);
 }
