@@ -367,6 +367,15 @@ static double median_at(const double *v, int w0, int reps, int stride, int j) {
   return lks_median(t, n);
 }
 
+// " K: share%" of the decode rows at each K of a run (digits after the point), and a newline.
+static void print_k_rows(const lks_spec_stats *st, int digits) {
+  uint64_t rows = 0;
+  for (int i = 0; i <= st->k_max; i++) rows += st->k_rows[i];
+  for (int i = 0; i <= st->k_max; i++)
+    printf(" %d: %.*f%%", i, digits, rows ? 100.0 * (double)st->k_rows[i] / (double)rows : 0.0);
+  printf("\n");
+}
+
 static int bench_spec(lks_world *w, const lks_sched_opts *so, const char *spec,
                       const int32_t *tok, int n_pre, int n_dec, int reps, spec_medians *md,
                       lks_spec_stats *sst, lks_spec_stats *cold) {
@@ -572,7 +581,8 @@ int lks_cmd_bench(lks_settings *s) {
   const char *spec = lks_settings_str(s, "spec");
   lks_spec_stats sst = {0}, cold = {0};
   spec_medians md = {0};
-  if (strcmp(spec, "off") != 0 && bench_spec(w, &so, spec, tok, n_pre, n_dec, reps, &md, &sst, &cold) < 0)
+  if (strcmp(spec, "off") != 0 &&
+      bench_spec(w, &so, spec, tok, n_pre, n_dec, reps, &md, &sst, &cold) < 0)
     goto fail;
   double t_plain_run = md.t_plain, t_spec_run = md.t_spec;
   double rtt = heartbeat_rtt(w, 200);
@@ -689,8 +699,6 @@ int lks_cmd_bench(lks_settings *s) {
     roofline(&md, spec);
     // The run under the levers given (the adaptive policy unless --spec-gate false) against the
     // roofline's best K (plain decoding, x1, when no K pays).
-    uint64_t rows = 0;
-    for (int i = 0; i <= sst.k_max; i++) rows += sst.k_rows[i];
     printf("%s: decode %.2f tokens/s vs %.2f plain (x%.3f, median of %d warm runs' ratios, "
            "x%.3f-%.3f; the cold first run x%.3f, after %.2f s measuring step costs at start); "
            "roofline: x%.3f at K=%d; achieved fraction %.3f (cold %.3f; per repeat, over that "
@@ -698,18 +706,12 @@ int lks_cmd_bench(lks_settings *s) {
            so.gate ? "policy" : "fixed K", md.rate_spec, md.rate_plain, md.ratio, md.n_warm,
            md.ratio_lo, md.ratio_hi, md.ratio_cold, md.t_calibrate, md.roof_best, md.k_best,
            md.frac, md.frac_cold, md.k_best);
-    for (int i = 0; i <= sst.k_max; i++)
-      printf(" %d: %.0f%%", i, rows ? 100.0 * (double)sst.k_rows[i] / (double)rows : 0.0);
-    printf("\n");
+    print_k_rows(&sst, 0);
     // The cold first run: what the policy explored before it knew the drafter.
-    uint64_t crows = 0;
-    for (int i = 0; i <= cold.k_max; i++) crows += cold.k_rows[i];
     printf("%s, cold first run: %llu rounds, first-draft acceptance %.3f; K per decode row:",
            so.gate ? "policy" : "fixed K", (unsigned long long)cold.rounds,
            cold.proposed[0] ? (double)cold.accepted[0] / (double)cold.proposed[0] : 0.0);
-    for (int i = 0; i <= cold.k_max; i++)
-      printf(" %d: %.1f%%", i, crows ? 100.0 * (double)cold.k_rows[i] / (double)crows : 0.0);
-    printf("\n");
+    print_k_rows(&cold, 1);
     printf("generate %d tokens after %d (prefill included), --spec %s -k %d: %.2f tokens/s vs %.2f "
            "without (x%.2f)\n",
            n_dec, n_pre, spec, sst.k_max, n_dec / t_spec_run, n_dec / t_plain_run,
