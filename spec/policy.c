@@ -389,8 +389,8 @@ const lks_policy_costs *lks_policy_costs_at(const lks_policy *p, int w) {
 // would never do. On the default model (a verify of two rows costs 1.8 plain steps) a probe
 // every 512 steps caught up 270-513 rows a time at 4.5 us a row, 2.3 ms, with the first catch-ups
 // (buffers growing) 5-9 ms, on 0.45 ms plain steps: the policy decoded at x0.963-0.974 of plain
-// decoding. A sequence that decodes plainly to its end never pays its drafter (but every 1024
-// steps, the backlog's cap). From plain decoding, longer the less any K could
+// decoding. A sequence that decodes plainly to its end never pays its drafter (but every
+// LKS_MTP_BACKLOG steps, the backlog's cap). From plain decoding, longer the less any K could
 // gain at best: such a probe pays a drafter catch-up and drafts that the acceptance seen so far
 // says will mostly fail, so the interval grows by 0.25 / (ceiling - 1), 1 to 16 times (a K that
 // could at best gain 7 % is probed every 115 steps, not 32).

@@ -16,8 +16,7 @@ enum { MAX_DRAFTS = LKS_MAX_DRAFTS };
 // since: the lazy catch-up's backlog), and the drafts of its last propose (checked against the
 // verify).
 typedef struct {
-  lks_buf *hid;           // [hid_cap, H], grown on demand up to LKS_MTP_BACKLOG rows
-  int hid_cap;
+  lks_buf *hid;           // [LKS_MTP_BACKLOG, H]
   int hid_rows, hid_pos;  // rows kept, position of the first
   int32_t drafts[MAX_DRAFTS];
   int n_drafts, draft_pos;  // position of the verify row that carries the first draft
@@ -52,6 +51,12 @@ struct lks_engine {
   int cap_rows, cap_out;
 };
 
+// The first `rows` of a slot's kept hidden rows.
+static lks_tensor hid_view(const lks_engine *e, int slot, int rows) {
+  int H = lks_model_config(e->m)->hidden;
+  return lks_tensor_2d(e->spec[slot].hid, 0, LKS_F32, rows, H);
+}
+
 lks_engine *lks_engine_new(lks_model *m, int max_slots, int max_seq_len, int block,
                            const lks_engine_opts *o) {
   lks_engine *e = calloc(1, sizeof *e);
@@ -74,10 +79,13 @@ lks_engine *lks_engine_new(lks_model *m, int max_slots, int max_seq_len, int blo
     e->spec = calloc((size_t)max_slots, sizeof *e->spec);
     e->drafts = calloc((size_t)max_slots * MAX_DRAFTS, sizeof *e->drafts);
     if (!e->mkv || !e->spec || !e->drafts) goto fail;
+    // Each slot's kept rows at their most, written once now: on the CPU a first write of a
+    // page faults it in (up to 50 us a page on this project's 2-core VM host), and a plain step
+    // that kept its row on a new page paid that (the default model: 1-2 % of a policy run
+    // decoding plainly, while the slot's rows grew on demand).
     for (int i = 0; i < max_slots; i++) {
-      e->spec[i].hid_cap = 4 * (MAX_DRAFTS + 1);
-      e->spec[i].hid = be->ops->buf_alloc(be, (size_t)e->spec[i].hid_cap * H * sizeof(float));
-      if (!e->spec[i].hid) goto fail;
+      e->spec[i].hid = be->ops->buf_alloc(be, (size_t)LKS_MTP_BACKLOG * H * sizeof(float));
+      if (!e->spec[i].hid || be->ops->zero(be, hid_view(e, i, LKS_MTP_BACKLOG)) < 0) goto fail;
     }
   }
   e->df = lks_model_dflash(m);
@@ -320,8 +328,6 @@ static int check_verify_drafts(const lks_engine *e, const Lockstep__Forward *f) 
   return 0;
 }
 
-static lks_tensor hid_view(const lks_engine *e, int slot, int rows);
-
 // A prefix for a new slot: whole blocks, every one of them cached here (the same on every rank,
 // or the ranks' caches diverged).
 static int check_attach(const lks_engine *e, const Lockstep__Forward *f) {
@@ -483,33 +489,6 @@ static int reserve_mtp(lks_engine *e, int n) {
   return 0;
 }
 
-static lks_tensor hid_view(const lks_engine *e, int slot, int rows) {
-  int H = lks_model_config(e->m)->hidden;
-  return lks_tensor_2d(e->spec[slot].hid, 0, LKS_F32, rows, H);
-}
-
-static int copy_rows(lks_engine *e, lks_tensor dst, int d0, lks_tensor src, int r0, int n);
-
-// Doubles a slot's kept hidden rows (up to LKS_MTP_BACKLOG), keeping those it holds.
-static int grow_hid(lks_engine *e, int slot) {
-  spec_slot *sp = &e->spec[slot];
-  lks_backend *be = lks_model_backend(e->m);
-  int H = lks_model_config(e->m)->hidden, cap = 2 * sp->hid_cap;
-  if (cap > LKS_MTP_BACKLOG) cap = LKS_MTP_BACKLOG;
-  lks_buf *b = be->ops->buf_alloc(be, (size_t)cap * H * sizeof(float));
-  if (!b) return lks_set_error(LKS_ENOMEM, "slot %d: %d hidden rows for the drafter", slot, cap);
-  int rc = copy_rows(e, lks_tensor_2d(b, 0, LKS_F32, cap, H), 0, hid_view(e, slot, sp->hid_rows), 0,
-                     sp->hid_rows);
-  if (rc < 0) {
-    be->ops->buf_free(be, b);
-    return rc;
-  }
-  be->ops->buf_free(be, sp->hid);
-  sp->hid = b;
-  sp->hid_cap = cap;
-  return 0;
-}
-
 static lks_tensor stage_view(const lks_engine *e, int r0, int n) {
   int H = lks_model_config(e->m)->hidden;
   return lks_tensor_rows(lks_tensor_2d(e->stage, 0, LKS_F32, e->cap_stage, H), r0, n);
@@ -519,11 +498,11 @@ static lks_tensor stage_view(const lks_engine *e, int r0, int n) {
 static int copy_rows(lks_engine *e, lks_tensor dst, int d0, lks_tensor src, int r0, int n) {
   lks_backend *be = lks_model_backend(e->m);
   if (n <= 0) return 0;
-  int32_t *idx = malloc((size_t)n * sizeof *idx);
+  int32_t one, *idx = n == 1 ? &one : malloc((size_t)n * sizeof *idx);  // one: every plain step
   if (!idx) return lks_set_error(LKS_ENOMEM, "out of memory");
   for (int i = 0; i < n; i++) idx[i] = r0 + i;
   int rc = be->ops->gather_rows(be, lks_tensor_rows(dst, d0, n), src, idx);
-  free(idx);
+  if (idx != &one) free(idx);
   return rc;
 }
 
@@ -547,7 +526,6 @@ static int mtp_after_forward(lks_engine *e, const Lockstep__Forward *f, lks_tens
     if (s->defer_mtp) {
       // The lazy catch-up: keep the row; the drafter pairs it with the next token later.
       if (sp->hid_rows == 0) sp->hid_pos = start;
-      if (sp->hid_rows == sp->hid_cap) LKS_TRY(grow_hid(e, (int)s->slot));
       LKS_TRY(copy_rows(e, hid_view(e, s->slot, sp->hid_rows + 1), sp->hid_rows, hidden, (int)r0, 1));
       sp->hid_rows++;
     } else if (!s->want_all) {
