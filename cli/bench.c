@@ -337,9 +337,11 @@ static double decode_rate(const lks_spec_stats *st) {
 // scheduler), with proposer `spec` under the levers given (the adaptive policy unless the gate is
 // off) through one scheduler as a server's requests are (its first run meets a new policy: cold;
 // the later ones the policy the earlier runs left: warm), and with K = 1..k_max drafts every
-// step, the gate off (a new scheduler each: the roofline). The 2 + k_max runs of a repeat go in
-// turn, each repeat starting one run later in the list (repeat r: run r mod (2 + k_max) first),
-// so that a machine slowing down or speeding up across a repeat favours none of them. Every
+// step, the gate off (a new scheduler each: the roofline). The plain run and the policy's go
+// back to back, which first alternating by repeat, so that their ratio (the figure held to
+// x0.97) spans the least of a shared machine's drift; that pair and each K's run go in turn,
+// each repeat starting one later in the list (repeat r: item r mod (1 + k_max) first), so that
+// a machine slowing down or speeding up across a repeat favours none of them. Every
 // ratio is taken within its repeat and the medians are over the warm repeats (all of them when
 // there is only one), never against a run minutes away. The achieved fraction
 // is also per repeat, the policy's rate over the best K's (the one with the best median) in the
@@ -394,14 +396,25 @@ static int bench_spec(lks_world *w, const lks_sched_opts *so, const char *spec,
   if (rc == 0 && !srv) rc = -1;
   double t_cal = 0;
   if (rc == 0) rc = lks_sched_calibrate(srv, &t_cal);  // as serve does before its port opens
-  int n_runs = 2 + k_max;
+  int n_units = 1 + k_max;
   for (int r = 0; rc == 0 && r < reps; r++) {
     double *x = v + (size_t)r * F;
     bench_clock bc = {.w = w};
     lks_spec_stats pst = {0}, kst[LKS_MAX_DRAFTS] = {{0}};
-    // Run i of the list: 0 plain, 1 the policy, 1 + K fixed K.
-    for (int i = 0; rc == 0 && i < n_runs; i++) {
-      int run = (i + r) % n_runs;
+    // Runs: 0 plain, 1 the policy, 1 + K fixed K. The plain run and the policy's go back to
+    // back (the policy first in odd repeats), then each K's, this list rotated by r.
+    int order[2 + LKS_MAX_DRAFTS], n_order = 0;
+    for (int i = 0; i < n_units; i++) {
+      int u = (i + r) % n_units;
+      if (u == 0) {
+        order[n_order++] = r & 1;
+        order[n_order++] = !(r & 1);
+      } else {
+        order[n_order++] = 1 + u;
+      }
+    }
+    for (int i = 0; rc == 0 && i < n_order; i++) {
+      int run = order[i];
       double t0 = lks_now();
       if (run == 0) {
         rc = bench_run(w, &plain, tok, n_pre, n_dec, &bc, &pst);
