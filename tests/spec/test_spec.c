@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Speculative decoding end to end, on every rank of the world it is started in (mpirun or not).
 //
-// usage: [mpirun -np N] test_spec MODEL_DIR PROMPTS OUT.json [N_GEN] [LEAK_SEQS]
+// usage: [mpirun -np N] test_spec MODEL_DIR PROMPTS OUT.json [N_GEN] [LEAK_SEQS] [MAX_LEN]
 //
 // Every run goes through the scheduler, the decoding loop that `serve`, `generate` and `bench`
 // run. For every prompt (one per line, comma-separated ids): greedy decoding without speculation,
@@ -13,7 +13,9 @@
 // per-position proposed/accepted counts of each prompt and K go to OUT.json, for comparison with
 // the independent reference (tests/reference/spec_ref.py) and between world sizes. With
 // LEAK_SEQS, that many sequences are then allocated, decoded speculatively and freed, and every
-// KV block of both caches must be free again (run under LeakSanitizer for the memory).
+// KV block of both caches must be free again (run under LeakSanitizer for the memory). MAX_LEN:
+// the world's --max-seq-len (256); from 1100 a plain stretch also passes the drafter's backlog
+// cap (LKS_MTP_BACKLOG rows kept), with the same check as the lazy catch-up's.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +24,7 @@
 #include "coordinator/scheduler.h"
 #include "coordinator/submit.h"
 #include "core/error.h"
+#include "proto/command.h"
 #include "worker/worker.h"
 
 typedef struct {
@@ -52,7 +55,6 @@ static void collect(void *ctx, int32_t tok, bool eos) {
 }
 
 static int failures;
-static const char MAX_LEN_TEXT[] = "256";  // the world's --max-seq-len
 
 // One prompt through the scheduler (the decoding loop `serve` runs), with proposer `spec` ("off",
 // "mtp", "ngram") drafting up to k tokens, the gate off so that every round speculates.
@@ -213,28 +215,40 @@ static int catchup_k(void *ctx, int slot, int n_generated) {
   return n_generated % 10 < 4 ? 0 : 3;
 }
 
-static int catchup_test(lks_world *w, const int32_t *prompt, int n) {
-  int n_gen = 130;
-  static draft_log logs[3];
-  sink out[3];
-  float *rows[3];
-  size_t nrows[3];
+// The backlog's cap: a plain stretch 20 steps longer than LKS_MTP_BACKLOG, so that the lazy
+// drafter catches up once with every kept row of the engine's buffer (its last row included),
+// then 20 rows later when the sequence drafts again.
+enum { CAP_PLAIN_END = 3 + LKS_MTP_BACKLOG + 20, CAP_GEN = CAP_PLAIN_END + 24 };
+static int cap_k(void *ctx, int slot, int n_generated) {
+  (void)ctx, (void)slot;
+  return n_generated < 3 ? 2 : n_generated < CAP_PLAIN_END ? 0 : 3;
+}
+
+// n_gen tokens of the prompt with K from `pattern`, once per backlog limit of `limits` (0: the
+// default, LKS_MTP_BACKLOG); drafts, tokens and drafter KV rows must equal the first limit's.
+static int catchup_test(lks_world *w, const int32_t *prompt, int n, int n_gen,
+                        int (*pattern)(void *, int, int), const int *limits, int n_lim,
+                        const char *what) {
+  enum { MODES = 3 };
+  static draft_log logs[MODES];
+  sink out[MODES] = {{0}};
+  float *rows[MODES] = {0};
+  size_t nrows[MODES] = {0};
   size_t d = lks_engine_kv_row_floats(w->engine, true);
-  const int limits[3] = {1, 8, 0};
-  int rc = 0;
+  int rc = n_lim <= MODES ? 0 : -1;
   policy = false;
   temperature = 0;
-  for (int m = 0; m < 3 && rc == 0; m++) {
+  for (int m = 0; m < n_lim && rc == 0; m++) {
     out[m] = (sink){malloc((size_t)n_gen * sizeof(int32_t)), 0};
-    rows[m] = malloc((size_t)256 * d * sizeof(float));
+    rows[m] = malloc((size_t)(n + n_gen) * d * sizeof(float));
     logs[m].n = 0;
     log_to = &logs[m];
-    force = catchup_k;
+    force = pattern;
     backlog = limits[m];
     kvsnap = (typeof(kvsnap)){w, n_gen, rows[m], 0};
     lks_spec_stats st;
-    if (clear_cache(w) < 0) return -1;
-    rc = run(w, "mtp", 3, prompt, n, n_gen, &out[m], &st);
+    if (!out[m].tok || !rows[m] || clear_cache(w) < 0) rc = -1;
+    if (rc == 0) rc = run(w, "mtp", 3, prompt, n, n_gen, &out[m], &st);
     nrows[m] = kvsnap.n;
   }
   kvsnap.w = NULL;
@@ -242,7 +256,7 @@ static int catchup_test(lks_world *w, const int32_t *prompt, int n) {
   force = NULL;
   backlog = 0;
   bool ok = rc == 0;
-  for (int m = 1; ok && m < 3; m++) {
+  for (int m = 1; ok && m < n_lim; m++) {
     ok &= same(&out[m], &out[0]);
     ok &= logs[m].n == logs[0].n && !memcmp(logs[m].tok, logs[0].tok, (size_t)logs[0].n * sizeof(int32_t));
     ok &= nrows[m] == nrows[0] && nrows[0] > 0 &&
@@ -250,15 +264,15 @@ static int catchup_test(lks_world *w, const int32_t *prompt, int n) {
   }
   int verifies = 0;
   for (int i = 0; i < logs[0].n; i++) verifies += logs[0].tok[i] < 0;
-  printf("lazy catch-up: %d verifies after plain stretches of up to 76 steps; drafts, tokens and "
-         "%zu drafter KV rows with catch-up at every plain step, every 8, and lazily: %s\n",
-         verifies, d ? nrows[0] / d : 0, ok ? "identical" : "FAIL");
+  printf("lazy catch-up, %s: %d verifies; drafts, tokens and %zu drafter KV rows: %s%s%s\n", what,
+         verifies, d ? nrows[0] / d : 0, ok ? "identical" : "FAIL", rc < 0 ? ": " : "",
+         rc < 0 ? lks_last_error() : "");
   failures += !ok;
-  for (int m = 0; m < 3; m++) {
+  for (int m = 0; m < n_lim && m < MODES; m++) {
     free(out[m].tok);
     free(rows[m]);
   }
-  return rc;
+  return 0;
 }
 
 // The policy's costs measured before any request (lks_sched_calibrate, as serve and bench run
@@ -434,13 +448,14 @@ static int levers_test(lks_world *w, sink *got) {
 
 int main(int argc, char **argv) {
   if (argc < 4) {
-    fprintf(stderr, "usage: %s MODEL_DIR PROMPTS OUT.json [N_GEN] [LEAK_SEQS]\n", argv[0]);
+    fprintf(stderr, "usage: %s MODEL_DIR PROMPTS OUT.json [N_GEN] [LEAK_SEQS] [MAX_LEN]\n", argv[0]);
     return 2;
   }
   int n_gen = argc > 4 ? atoi(argv[4]) : 64, leak = argc > 5 ? atoi(argv[5]) : 0;
+  const char *max_len = argc > 6 ? argv[6] : "256";  // the world's --max-seq-len
   lks_settings *s = lks_settings_new();
   if (!s || lks_settings_set(s, "model", argv[1], "test") < 0 ||
-      lks_settings_set(s, "max-seq-len", MAX_LEN_TEXT, "test") < 0 ||
+      lks_settings_set(s, "max-seq-len", max_len, "test") < 0 ||
       lks_settings_set(s, "threads", "1", "test") < 0) {
     fprintf(stderr, "settings: %s\n", lks_last_error());
     return 2;
@@ -486,10 +501,18 @@ int main(int argc, char **argv) {
          failures ? "tokens DIFFER" : "tokens identical to decoding without speculation");
   int32_t cprompt[12];
   for (int j = 0; j < 12; j++) cprompt[j] = (int32_t)((j * 37 + 5) % vocab);
-  if (catchup_test(w, cprompt, 12) < 0) goto fail;
+  const int limits[3] = {1, 8, 0}, cap_limits[2] = {1, 0};
+  if (catchup_test(w, cprompt, 12, 130, catchup_k, limits, 3, "plain stretches up to 76 steps, "
+                   "catch-up every step, every 8, and lazily") < 0)
+    goto fail;
+  // The cap, where the world is long enough for it.
+  if (atoi(max_len) >= 12 + CAP_GEN &&
+      catchup_test(w, cprompt, 12, CAP_GEN, cap_k, cap_limits, 2, "a plain stretch past the "
+                   "backlog's cap, catch-up every step and lazily") < 0)
+    goto fail;
   if (calibrate_test(w, cprompt, 12, n_gen, &base, &got) < 0) goto fail;
   if (leak > 0 && leak_test(w, leak, vocab, &got) < 0) goto fail;
-  if (edge_test(w, "mtp", atoi(MAX_LEN_TEXT), vocab) < 0) goto fail;
+  if (edge_test(w, "mtp", atoi(max_len), vocab) < 0) goto fail;
   if (levers_test(w, &got) < 0) goto fail;
   free(base.tok);
   free(got.tok);
