@@ -350,6 +350,7 @@ static double decode_rate(const lks_spec_stats *st) {
 typedef struct {
   double t_plain, t_spec, rate_plain, rate_spec, ratio, ratio_cold;
   double ratio_lo, ratio_hi;  // the least and most of the warm repeats' ratios
+  double ci_lo, ci_hi, ci;    // an interval of the median ratio, and its confidence
   int n_warm;
   double t_calibrate;  // seconds lks_sched_calibrate took before the first run
   // The roofline per K (index K - 1): a verify step's and one draft's cost over the repeat's
@@ -367,6 +368,29 @@ static double median_at(const double *v, int w0, int reps, int stride, int j) {
   int n = 0;
   for (int r = w0; r < reps && n < 64; r++) t[n++] = v[(size_t)r * stride + j];
   return lks_median(t, n);
+}
+
+// An interval of the median of n values that holds it with probability *conf >= 0.95 whatever
+// their distribution (order statistics): v sorted, [v[r - 1], v[n - r]] for the largest r with
+// P(Binomial(n, 1/2) < r) <= 0.025; with n < 6 no r does, and it is [least, most] at 1 - 2^(1-n).
+static void median_interval(double *v, int n, double *lo, double *hi, double *conf) {
+  qsort(v, (size_t)n, sizeof *v, lks__cmp_double);
+  double pk = ldexp(1.0, -n), cdf = pk;  // P(B = 0), P(B <= 0)
+  int r = 1;
+  for (int k = 1; k < n && cdf + pk * (n - k + 1) / k <= 0.025; k++) {
+    pk *= (double)(n - k + 1) / k;
+    cdf += pk;
+    r = k + 1;
+  }
+  double tail = 0;  // P(B < r)
+  pk = ldexp(1.0, -n);
+  for (int k = 0; k < r; k++) {
+    tail += pk;
+    pk *= (double)(n - k) / (k + 1);
+  }
+  *lo = v[r - 1];
+  *hi = v[n - r];
+  *conf = 1 - 2 * tail;
 }
 
 // " K: share%" of the decode rows at each K of a run (digits after the point), and a newline.
@@ -464,11 +488,15 @@ static int bench_spec(lks_world *w, const lks_sched_opts *so, const char *spec,
                          .t_calibrate = t_cal,
                          .roof_best = 1,
                          .k_max = k_max};
-    for (int r = w0; r < reps; r++) {
-      double q = v[(size_t)r * F + 4];
-      md->ratio_lo = q < md->ratio_lo ? q : md->ratio_lo;
-      md->ratio_hi = q > md->ratio_hi ? q : md->ratio_hi;
+    double q[64];
+    int nq = 0;
+    for (int r = w0; r < reps && nq < 64; r++) {
+      q[nq] = v[(size_t)r * F + 4];
+      md->ratio_lo = q[nq] < md->ratio_lo ? q[nq] : md->ratio_lo;
+      md->ratio_hi = q[nq] > md->ratio_hi ? q[nq] : md->ratio_hi;
+      nq++;
     }
+    median_interval(q, nq, &md->ci_lo, &md->ci_hi, &md->ci);
     for (int k = 1; k <= k_max; k++) {
       int j = 5 + 4 * (k - 1);
       md->verify[k - 1] = median_at(v, w0, reps, F, j);
@@ -713,12 +741,13 @@ int lks_cmd_bench(lks_settings *s) {
     // The run under the levers given (the adaptive policy unless --spec-gate false) against the
     // roofline's best K (plain decoding, x1, when no K pays).
     printf("%s: decode %.2f tokens/s vs %.2f plain (x%.3f, median of %d warm runs' ratios, "
-           "x%.3f-%.3f; the cold first run x%.3f, after %.2f s measuring step costs at start); "
-           "roofline: x%.3f at K=%d; achieved fraction %.3f (cold %.3f; per repeat, over that "
-           "repeat's K=%d run); K per decode row (last run):",
+           "x%.3f-%.3f; the median within x%.3f-%.3f at %.0f %%; the cold first run x%.3f, after "
+           "%.2f s measuring step costs at start); roofline: x%.3f at K=%d; achieved fraction "
+           "%.3f (cold %.3f; per repeat, over that repeat's K=%d run); K per decode row (last "
+           "run):",
            so.gate ? "policy" : "fixed K", md.rate_spec, md.rate_plain, md.ratio, md.n_warm,
-           md.ratio_lo, md.ratio_hi, md.ratio_cold, md.t_calibrate, md.roof_best, md.k_best,
-           md.frac, md.frac_cold, md.k_best);
+           md.ratio_lo, md.ratio_hi, md.ci_lo, md.ci_hi, 100 * md.ci, md.ratio_cold,
+           md.t_calibrate, md.roof_best, md.k_best, md.frac, md.frac_cold, md.k_best);
     print_k_rows(&sst, 0);
     // The cold first run: what the policy explored before it knew the drafter.
     printf("%s, cold first run: %llu rounds, first-draft acceptance %.3f; K per decode row:",
