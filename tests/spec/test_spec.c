@@ -448,7 +448,8 @@ static int levers_test(lks_world *w, sink *got) {
 
 int main(int argc, char **argv) {
   if (argc < 4) {
-    fprintf(stderr, "usage: %s MODEL_DIR PROMPTS OUT.json [N_GEN] [LEAK_SEQS] [MAX_LEN]\n", argv[0]);
+    fprintf(stderr, "usage: %s MODEL_DIR PROMPTS OUT.json [N_GEN] [LEAK_SEQS] [MAX_LEN]\n",
+            argv[0]);
     return 2;
   }
   int n_gen = argc > 4 ? atoi(argv[4]) : 64, leak = argc > 5 ? atoi(argv[5]) : 0;
