@@ -132,6 +132,7 @@ lks_req *lks_sched_submit(lks_sched *s, lks_req_params *p, int *err) {
     else s->q_head = r;
     s->q_tail = r;
     s->q_len++;
+    s->st.queue_depth = s->q_len;  // /metrics: queued from now, not from the next step
     pthread_cond_signal(&s->cv);
   }
   pthread_mutex_unlock(&s->mu);

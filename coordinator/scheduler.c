@@ -267,6 +267,14 @@ static void slot_take(lks_sched *s, lks_req *r, int i) {
   s->st.prompt_tokens += (uint64_t)r->p.n_prompt;
 }
 
+// The queue and slot gauges of /metrics (under s->mu).
+static void slot_gauges(lks_sched *s) {
+  s->st.queue_depth = s->q_len;
+  int used = 0;
+  for (int i = 0; i < s->n_slots; i++) used += s->slot[i] != NULL;
+  s->st.slots_in_use = used;
+}
+
 // Admit: finished slots out, queued requests in, this step's levers fixed. Returns whether the
 // levers changed (they go out with this step).
 static bool admit(lks_sched *s, int *n_free, int *n_alloc) {
@@ -307,6 +315,9 @@ static bool admit(lks_sched *s, int *n_free, int *n_alloc) {
     slot_take(s, r, i);
     m->to_alloc[(*n_alloc)++] = (uint32_t)i;
   }
+  // With the counters of the requests it finished and cancelled: /metrics never shows one
+  // request both finished and in a slot or the queue (it did until the step's end).
+  slot_gauges(s);
   bool changed = s->levers_pending;
   s->levers_pending = false;
   s->clear_now = s->clear_pending;
@@ -756,10 +767,7 @@ static void ranks_up(lks_sched *s) {
 
 // The gauges of /metrics (under s->mu).
 static void gauges(lks_sched *s) {
-  s->st.queue_depth = s->q_len;
-  int used = 0;
-  for (int i = 0; i < s->n_slots; i++) used += s->slot[i] != NULL;
-  s->st.slots_in_use = used;
+  slot_gauges(s);
   int tfree, dfree;
   lks_engine_free_blocks(s->w->engine, &tfree, &dfree);
   s->st.kv_blocks_free = tfree;

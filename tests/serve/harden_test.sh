@@ -4,8 +4,8 @@
 # -k 3 on a 256-position context, exercised by harden_test.mjs (speculation to the end of the
 # context, max_tokens overflow, lever flips during streams, slow plain responses, streamed =
 # plain text with stop strings, seeds, disconnects, 640 idle sockets, slow headers, a long admin
-# token, UTF-8 in errors, tool-call history); then a second server on the same port must fail
-# naming the port; then /admin/shutdown: exit status 0.
+# token, UTF-8 in errors, tool-call history, /metrics read while requests finish); then a second
+# server on the same port must fail naming the port; then /admin/shutdown: exit status 0.
 # usage: harden_test.sh LOCKSTEP MODEL_DIR PORT [WORLD]
 set -u
 lockstep=$1 model=$2 port=$3 world=${4:-2}
