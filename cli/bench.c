@@ -375,18 +375,12 @@ static double median_at(const double *v, int w0, int reps, int stride, int j) {
 // P(Binomial(n, 1/2) < r) <= 0.025; with n < 6 no r does, and it is [least, most] at 1 - 2^(1-n).
 static void median_interval(double *v, int n, double *lo, double *hi, double *conf) {
   qsort(v, (size_t)n, sizeof *v, lks__cmp_double);
-  double pk = ldexp(1.0, -n), cdf = pk;  // P(B = 0), P(B <= 0)
+  double pk = ldexp(1.0, -n), tail = pk;  // P(B = k), P(B < r) = P(B <= k), with r = k + 1
   int r = 1;
-  for (int k = 1; k < n && cdf + pk * (n - k + 1) / k <= 0.025; k++) {
+  for (int k = 1; k < n && tail + pk * (n - k + 1) / k <= 0.025; k++) {
     pk *= (double)(n - k + 1) / k;
-    cdf += pk;
-    r = k + 1;
-  }
-  double tail = 0;  // P(B < r)
-  pk = ldexp(1.0, -n);
-  for (int k = 0; k < r; k++) {
     tail += pk;
-    pk *= (double)(n - k) / (k + 1);
+    r = k + 1;
   }
   *lo = v[r - 1];
   *hi = v[n - r];
@@ -482,21 +476,16 @@ static int bench_spec(lks_world *w, const lks_sched_opts *so, const char *spec,
                          .rate_spec = median_at(v, w0, reps, F, 3),
                          .ratio = median_at(v, w0, reps, F, 4),
                          .ratio_cold = v[4],
-                         .ratio_lo = INFINITY,
-                         .ratio_hi = 0,
                          .n_warm = reps - w0,
                          .t_calibrate = t_cal,
                          .roof_best = 1,
                          .k_max = k_max};
-    double q[64];
+    double q[64];  // the warm repeats' ratios, sorted by median_interval
     int nq = 0;
-    for (int r = w0; r < reps && nq < 64; r++) {
-      q[nq] = v[(size_t)r * F + 4];
-      md->ratio_lo = q[nq] < md->ratio_lo ? q[nq] : md->ratio_lo;
-      md->ratio_hi = q[nq] > md->ratio_hi ? q[nq] : md->ratio_hi;
-      nq++;
-    }
+    for (int r = w0; r < reps; r++) q[nq++] = v[(size_t)r * F + 4];
     median_interval(q, nq, &md->ci_lo, &md->ci_hi, &md->ci);
+    md->ratio_lo = q[0];
+    md->ratio_hi = q[nq - 1];
     for (int k = 1; k <= k_max; k++) {
       int j = 5 + 4 * (k - 1);
       md->verify[k - 1] = median_at(v, w0, reps, F, j);
