@@ -29,7 +29,9 @@ static void human(double bytes, char *out, size_t n) {
 
 int lks_cmd_inspect(lks_settings *s, const char *dir) {
   lks_dtype kvd;  // the KV figures are for --kv-dtype
-  if (lks_model_kv_dtype_parse(lks_settings_str(s, "kv-dtype"), &kvd) < 0) {
+  lks_experts_split split;  // the split figures are for --experts-split
+  if (lks_model_kv_dtype_parse(lks_settings_str(s, "kv-dtype"), &kvd) < 0 ||
+      lks_model_experts_split_parse(lks_settings_str(s, "experts-split"), &split) < 0) {
     fprintf(stderr, "lockstep inspect: %s\n", lks_last_error());
     return 2;
   }
@@ -108,7 +110,7 @@ int lks_cmd_inspect(lks_settings *s, const char *dir) {
         lks_comm *c = lks_comm_local_new();
         c->rank = r;
         c->world = world;
-        lks_model *sm = lks_model_load_shard(dir, be, c, report, &p);
+        lks_model *sm = lks_model_load_shard(dir, be, c, split, report, &p);
         if (sm) lks_model_set_kv_dtype(sm, kvd);
         if (sm) {
           lks_model_stats ss;

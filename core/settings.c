@@ -33,6 +33,10 @@ static const lks_setting_def defs[] = {
     {"kv-dtype", 0, LKS_SET_STR, 0, 0, "f32", false,
      "KV cache elements: f32, or bf16 (half the memory and the bytes attention reads; each value "
      "rounded to nearest; cpu backend)"},
+    {"experts-split", 0, LKS_SET_STR, 0, 0, "blocks", false,
+     "routed experts across ranks: blocks (each rank a block of whole experts) or rows (each rank "
+     "its rows of every expert: the same share of every token's experts, in more and smaller "
+     "products)"},
     {"prefix-cache", 0, LKS_SET_BOOL, 0, 0, "true", false,
      "keep the KV blocks of finished sequences and reuse them for prompts that start the same"},
     {"spec", 0, LKS_SET_STR, 0, 0, "off", true,

@@ -52,6 +52,8 @@ typedef struct {
   int h0, n_heads;       // query heads [h0, h0 + n_heads)
   int kv0, n_kv;         // KV heads [kv0, kv0 + n_kv)
   int e0, n_experts;     // routed experts [e0, e0 + n_experts)
+  int ex0, ex_n;         // each routed expert's intermediate rows [ex0, ex0 + ex_n)
+  bool ex_rows;          // experts split by rows (lks_experts_split): all of them, ex_n rows each
   int inter0, inter;     // dense FFN intermediate rows
   int sh0, shared;       // shared expert intermediate rows
   int v0, vocab;         // lm_head rows [v0, v0 + vocab)
@@ -342,12 +344,14 @@ ffn:
     if (!L->experts) return lks_set_error(LKS_ENOMEM, "out of memory");
     for (int e = sh->e0; e < sh->e0 + sh->n_experts; e++) {
       snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d", l, e);
-      bind_ffn(m, mtp, n, c->moe_inter, 0, c->moe_inter, &L->experts[e]);
+      bind_ffn(m, mtp, n, c->moe_inter, sh->ex0, sh->ex_n, &L->experts[e]);
     }
     if (c->n_shared > 0) {
       snprintf(n, sizeof n, "model.layers.%d.mlp.shared_experts", l);
       bind_ffn(m, mtp, n, c->moe_inter * c->n_shared, sh->sh0, sh->shared, &L->shared);
-      if (sh->world > 1 && !m->be->ops->moe)
+      // With experts by rows every rank has the same share of a token's experts: the shared
+      // expert stays split by rows too (shared_balanced is for experts in blocks).
+      if (sh->world > 1 && !m->be->ops->moe && !sh->ex_rows)
         bind_ffn(m, mtp, n, c->moe_inter * c->n_shared, 0, c->moe_inter * c->n_shared,
                  &L->shared_all);
     }
@@ -414,6 +418,8 @@ static void plan_shard(const lks_config *c, int rank, int W, shard *sh) {
   }
   sh->n_experts = c->n_experts / W;
   sh->e0 = rank * sh->n_experts;
+  sh->ex0 = 0;
+  sh->ex_n = c->moe_inter;
   sh->inter = c->inter / W;
   sh->inter0 = rank * sh->inter;
   sh->shared = c->moe_inter * c->n_shared / W;
@@ -424,12 +430,43 @@ static void plan_shard(const lks_config *c, int rank, int W, shard *sh) {
   sh->vocab = v1 - sh->v0;
 }
 
+int lks_model_experts_split_parse(const char *name, lks_experts_split *s) {
+  if (strcmp(name, "blocks") == 0) *s = LKS_EXPERTS_BLOCKS;
+  else if (strcmp(name, "rows") == 0) *s = LKS_EXPERTS_ROWS;
+  else return lks_set_error(LKS_ECONFIG, "--experts-split %s: expected blocks or rows", name);
+  return 0;
+}
+
+// The experts' split of this shard (plan_shard planned blocks). Rows need moe_intermediate_size
+// divisible by the world (refused naming the field otherwise); their fit with the experts' FP8
+// blocks and NVFP4 groups is checked tensor by tensor as they are bound.
+static int plan_experts(lks_model *m, lks_experts_split split) {
+  shard *sh = &m->sh;
+  int W = sh->world, I = m->cfg.moe_inter;
+  if (W == 1 || split != LKS_EXPERTS_ROWS) return 0;
+  if (m->be->ops->moe)  // the cuda backend: its routing on the device takes experts in blocks
+    return lks_set_error(LKS_ECONFIG, "--experts-split rows: the %s backend runs experts in "
+                         "blocks only", m->be->ops->name);
+  if (I % W)
+    return lks_set_error(LKS_ECONFIG,
+                         "--experts-split rows: cannot split the experts %d ways: "
+                         "moe_intermediate_size = %d is not divisible by %d", W, I, W);
+  sh->ex_rows = true;
+  sh->e0 = 0;
+  sh->n_experts = m->cfg.n_experts;
+  sh->ex_n = I / W;
+  sh->ex0 = sh->rank * sh->ex_n;
+  return 0;
+}
+
+bool lks_model_experts_by_rows(const lks_model *m) { return m->sh.ex_rows; }
+
 lks_model *lks_model_load(const char *dir, lks_backend *be, lks_problem_fn fn, void *ctx) {
-  return lks_model_load_shard(dir, be, NULL, fn, ctx);
+  return lks_model_load_shard(dir, be, NULL, LKS_EXPERTS_BLOCKS, fn, ctx);
 }
 
 lks_model *lks_model_load_shard(const char *dir, lks_backend *be, lks_comm *comm,
-                                lks_problem_fn fn, void *ctx) {
+                                lks_experts_split split, lks_problem_fn fn, void *ctx) {
   lks_model *m = calloc(1, sizeof *m);
   if (!m) return NULL;
   m->be = be;
@@ -456,6 +493,10 @@ lks_model *lks_model_load_shard(const char *dir, lks_backend *be, lks_comm *comm
     if (fn) fn(ctx, lks_last_error());
     goto fail;
   }
+  if (plan_experts(m, split) < 0) {
+    if (fn) fn(ctx, lks_last_error());
+    goto fail;
+  }
   const lks_config *c = &m->cfg;
   m->embed = bind(m, false, "model.embed_tokens.weight", c->vocab, c->hidden, true);
   m->norm = bind(m, false, "model.norm.weight", 0, c->hidden, true);
@@ -472,11 +513,11 @@ lks_model *lks_model_load_shard(const char *dir, lks_backend *be, lks_comm *comm
   }
   if (m->comm)
     LKS_LOG(LKS_LOG_INFO,
-            "shard %d/%d: heads [%d, %d), kv heads [%d, %d), experts [%d, %d), vocab [%d, %d); "
-            "%.1f MB of weights",
+            "shard %d/%d: heads [%d, %d), kv heads [%d, %d), experts [%d, %d) rows [%d, %d), "
+            "vocab [%d, %d); %.1f MB of weights",
             rank, world, m->sh.h0, m->sh.h0 + m->sh.n_heads, m->sh.kv0, m->sh.kv0 + m->sh.n_kv,
-            m->sh.e0, m->sh.e0 + m->sh.n_experts, m->sh.v0, m->sh.v0 + m->sh.vocab,
-            m->weight_bytes / 1e6);
+            m->sh.e0, m->sh.e0 + m->sh.n_experts, m->sh.ex0, m->sh.ex0 + m->sh.ex_n, m->sh.v0,
+            m->sh.v0 + m->sh.vocab, m->weight_bytes / 1e6);
   return m;
 fail:
   lks_model_free(m);
@@ -675,9 +716,10 @@ static int moe(lks_model *m, const layer_w *L, lks_tensor x, lks_tensor h, int n
     m->exp_w[at] = m->route_w[i];
   }
   // cnt[e] now holds the end of expert e's range; its start is the previous end. Only this
-  // rank's block of experts runs here; the others' contributions arrive in the all-reduce. All
-  // of them and the shared expert go to the backend at once (one parallel phase each for the
-  // gate/up and the down products on the CPU), in the order of one call per expert.
+  // rank's block of experts runs here, or with experts by rows its rows of every expert; the
+  // others' contributions arrive in the all-reduce. All of them and the shared expert go to the
+  // backend at once (one parallel phase each for the gate/up and the down products on the CPU),
+  // in the order of one call per expert.
   int e_lo = m->sh.e0, e_hi = m->sh.e0 + m->sh.n_experts;
   for (int e = 0, start = 0; e < c->n_experts; e++) {
     int end = cnt[e];

@@ -40,14 +40,31 @@ typedef void (*lks_problem_fn)(void *ctx, const char *problem);
 // inspect); the load fails if there is any. NULL on failure, with lks_last_error().
 lks_model *lks_model_load(const char *dir, lks_backend *be, lks_problem_fn problem, void *ctx);
 
+// How the routed experts are shared out between ranks (--experts-split):
+//   LKS_EXPERTS_BLOCKS (the default): each rank holds a contiguous block of whole experts, and a
+//     token's top-k fall unevenly on the ranks (8 of 32 on two ranks: 1.9 experts apart on
+//     average), so the lighter rank waits at the layer's all-reduce;
+//   LKS_EXPERTS_ROWS: every rank holds its rows of every expert's intermediate dimension (gate
+//     and up by rows, down by columns, as the dense FFN): each rank does 1/world of every
+//     token's experts, in twice the products of half the size (at world 2). Refused naming the
+//     tensor where the rows do not fall on the experts' FP8 blocks or NVFP4 groups.
+typedef enum { LKS_EXPERTS_BLOCKS, LKS_EXPERTS_ROWS } lks_experts_split;
+
+// "blocks" or "rows"; LKS_ECONFIG naming the flag otherwise.
+int lks_model_experts_split_parse(const char *name, lks_experts_split *s);
+
 // Loads this rank's shard (DESIGN.md section 5) for comm->rank of comm->world: its attention
-// heads and KV heads, its rows / columns of the dense FFN and shared expert, its contiguous block
-// of routed experts, its vocabulary rows of lm_head; the rest replicated. Only those bytes are
-// mapped into backend buffers. Shapes that cannot be split comm->world ways are refused with a
-// message naming the field. The model keeps `comm` (not owned) for its collectives: every
+// heads and KV heads, its rows / columns of the dense FFN and shared expert, its share of the
+// routed experts (`split`), its vocabulary rows of lm_head; the rest replicated. Only those bytes
+// are mapped into backend buffers. Shapes that cannot be split comm->world ways are refused with
+// a message naming the field. The model keeps `comm` (not owned) for its collectives: every
 // forward is then a collective call that every rank must make in the same order.
 lks_model *lks_model_load_shard(const char *dir, lks_backend *be, lks_comm *comm,
-                                lks_problem_fn problem, void *ctx);
+                                lks_experts_split split, lks_problem_fn problem, void *ctx);
+
+// Whether this shard holds its rows of every routed expert (LKS_EXPERTS_ROWS at world > 1), not
+// a block of whole experts.
+bool lks_model_experts_by_rows(const lks_model *m);
 
 // Checks that cfg can be split `world` ways; 0 or LKS_ECONFIG naming the field.
 int lks_model_check_split(const lks_config *cfg, int world);

@@ -21,7 +21,7 @@ const char *lks_build_id(void) { return LKS_BUILD_ID; }
 
 // ---- fingerprint ----
 
-enum { FP_FIELDS = 14, FP_NAME = 24, FP_VALUE = 104 };
+enum { FP_FIELDS = 15, FP_NAME = 24, FP_VALUE = 104 };
 typedef struct {
   char name[FP_FIELDS][FP_NAME];
   char value[FP_FIELDS][FP_VALUE];
@@ -77,6 +77,7 @@ static int fp_make(fingerprint *f, const lks_settings *s, const char *dir) {
   snprintf(v, sizeof v, "%ld", lks_settings_int(s, "kv-blocks"));
   fp_set(f, 12, "kv-blocks", v);
   fp_set(f, 13, "kv-dtype", lks_settings_str(s, "kv-dtype"));
+  fp_set(f, 14, "experts-split", lks_settings_str(s, "experts-split"));
   return 0;
 }
 
@@ -226,6 +227,8 @@ lks_world *lks_world_start(const lks_settings *s, const char *dir, int max_slots
   const char *kvd = lks_settings_str(s, "kv-dtype");
   lks_dtype kv_dtype;
   if (lks_model_kv_dtype_parse(kvd, &kv_dtype) < 0) goto fail;
+  lks_experts_split split;
+  if (lks_model_experts_split_parse(lks_settings_str(s, "experts-split"), &split) < 0) goto fail;
   if (cuda && kv_dtype != LKS_F32) {
     lks_set_error(LKS_ECONFIG, "--kv-dtype %s: the cuda backend has an f32 KV cache only", kvd);
     goto fail;
@@ -251,7 +254,7 @@ lks_world *lks_world_start(const lks_settings *s, const char *dir, int max_slots
   w->be = lks_backend_new_on(backend, (int)lks_settings_int(s, "threads"), gpu);
   if (!w->be) goto fail;
   double t0 = lks_clock();
-  w->model = lks_model_load_shard(dir, w->be, w->comm, NULL, NULL);
+  w->model = lks_model_load_shard(dir, w->be, w->comm, split, NULL, NULL);
   if (!w->model || lks_model_set_kv_dtype(w->model, kv_dtype) < 0) goto fail;
   cfg = lks_model_config(w->model);
   LKS_LOG(LKS_LOG_INFO, "loaded %s (%s) in %.2f s: %.1f MB of weights on this rank", dir,

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // Tensor- and expert-parallel shards against the whole model, under mpirun.
 //
-// usage: mpirun -np N test_shard MODEL_DIR   (LKS_TEST_BACKEND=cuda, LKS_TEST_COMM=nccl: on GPUs)
+// usage: mpirun -np N test_shard MODEL_DIR [blocks|rows]
+//   (the routed experts' split, lks_experts_split; LKS_TEST_BACKEND=cuda, LKS_TEST_COMM=nccl: on GPUs)
 //
 // Every rank loads its shard (world N, MPI collectives) and, in the same process, the whole model
 // (world 1). Both run the same prefill, decode steps and MTP steps on the same inputs; the test
@@ -74,6 +75,7 @@ typedef struct {
 // What the phases share: both sides, the inputs every rank uses, and each side's results.
 typedef struct {
   int world;
+  lks_experts_split split;  // as asked on the command line
   lks_backend *be;
   lks_comm *comm;
   side s[2];  // 0: this rank's shard, 1: the whole model
@@ -88,8 +90,10 @@ typedef struct {
 // MPI, the backend, the collectives, and both sides loaded with a cache each (and an MTP cache
 // when the model has an MTP layer). Exits on failure.
 static void start(shard_run *r, int *argc, char ***argv) {
-  if (lks_mpi_init(argc, argv, &rank, &r->world) < 0 || *argc != 2) {
-    fprintf(stderr, "usage: mpirun -np N %s MODEL_DIR\n", (*argv)[0]);
+  lks_experts_split split = LKS_EXPERTS_BLOCKS;
+  if (lks_mpi_init(argc, argv, &rank, &r->world) < 0 || *argc < 2 || *argc > 3 ||
+      (*argc == 3 && lks_model_experts_split_parse((*argv)[2], &split) < 0)) {
+    fprintf(stderr, "usage: mpirun -np N %s MODEL_DIR [blocks|rows]\n", (*argv)[0]);
     exit(2);
   }
   const char *dir = (*argv)[1];
@@ -107,7 +111,8 @@ static void start(shard_run *r, int *argc, char ***argv) {
     lks_mpi_abort(1);
   }
   side *s = r->s;
-  s[0].m = lks_model_load_shard(dir, r->be, r->comm, NULL, NULL);
+  r->split = split;
+  s[0].m = lks_model_load_shard(dir, r->be, r->comm, split, NULL, NULL);
   s[1].m = lks_model_load(dir, r->be, NULL, NULL);
   if (!s[0].m || !s[1].m) {
     fprintf(stderr, "[rank %d] cannot load: %s\n", rank, lks_last_error());
@@ -130,10 +135,12 @@ static bool cuda_backend(void) {
 }
 
 // Loaded bytes against the share computed from the files. With host routing (the cpu backend)
-// the shared experts are bound whole as well as by rows at world > 1 (model.c, shared_balanced).
+// and experts in blocks the shared experts are bound whole as well as by rows at world > 1
+// (model.c, shared_balanced); with experts by rows, by rows only.
 static void check_loaded_bytes(const shard_run *r, const char *dir) {
   const lks_config *c = r->c;
   int world = r->world;
+  bool by_rows = lks_model_experts_by_rows(r->s[0].m);
   lks_safetensors *st = lks_safetensors_open(dir);
   double rep = 0, split = 0;
   for (int i = 0; i < lks_safetensors_count(st); i++) {
@@ -143,7 +150,7 @@ static void check_loaded_bytes(const shard_run *r, const char *dir) {
                   (strstr(t->name, "model.layers.") && strstr(t->name, "embed_tokens"));
     if (unused) continue;
     if (replicated(t->name)) rep += (double)t->nbytes;
-    else if (strstr(t->name, "shared_experts.") && world > 1 && !cuda_backend())
+    else if (strstr(t->name, "shared_experts.") && world > 1 && !cuda_backend() && !by_rows)
       rep += (double)t->nbytes, split += (double)t->nbytes;  // whole, and this rank's rows
     else if ((strstr(t->name, "k_proj") || strstr(t->name, "v_proj")) && c->n_kv_heads % world)
       rep += (double)t->nbytes / c->n_kv_heads;  // fewer KV heads than ranks: one head each
@@ -284,6 +291,9 @@ static int finish(shard_run *r) {
 int main(int argc, char **argv) {
   shard_run r = {0};
   start(&r, &argc, &argv);
+  bool by_rows = lks_model_experts_by_rows(r.s[0].m);
+  check(by_rows == (r.split == LKS_EXPERTS_ROWS && r.world > 1),
+        "routed experts split by %s", by_rows ? "rows" : "blocks");
   check_loaded_bytes(&r, argv[1]);
   make_inputs(&r);
   prefill(&r);
