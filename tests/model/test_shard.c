@@ -2,7 +2,8 @@
 // Tensor- and expert-parallel shards against the whole model, under mpirun.
 //
 // usage: mpirun -np N test_shard MODEL_DIR [blocks|rows]
-//   (the routed experts' split, lks_experts_split; LKS_TEST_BACKEND=cuda, LKS_TEST_COMM=nccl: on GPUs)
+//   the routed experts' split (lks_experts_split, blocks by default);
+//   LKS_TEST_BACKEND=cuda, LKS_TEST_COMM=nccl: on GPUs
 //
 // Every rank loads its shard (world N, MPI collectives) and, in the same process, the whole model
 // (world 1). Both run the same prefill, decode steps and MTP steps on the same inputs; the test
