@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Multi-process lockstep as a user runs it (mpirun, one machine), and its failure paths:
-#   - greedy and sampled output identical at world 1, 2 and 4;
+#   - greedy and sampled output identical at world 1, 2 and 4 (greedy with the routed experts in
+#     blocks and by rows);
 #   - a worker killed with SIGKILL mid-generation: the coordinator names the rank, and every
 #     process is gone within 10 s with a non-zero status; the same for the coordinator killed;
 #   - a coordinator busy for many heartbeat intervals keeps its workers;
@@ -40,6 +41,11 @@ for np in 2 4; do
   run 60 mpirun --oversubscribe -np $np "$lockstep" "${gen[@]}"
   [ "$rc" = 0 ] && [ "$(head -1 "$out")" = "$want" ] && ok "world $np greedy equals world 1" \
     || bad "world $np greedy equals world 1"
+done
+for np in 2 4; do
+  run 60 mpirun --oversubscribe -np $np "$lockstep" "${gen[@]}" --experts-split rows
+  [ "$rc" = 0 ] && [ "$(head -1 "$out")" = "$want" ] && ok "world $np, experts by rows: greedy equals world 1" \
+    || bad "world $np, experts by rows: greedy equals world 1"
 done
 run 60 "$lockstep" "${gen[@]}" --temperature 0.9 --top-p 0.95 --seed 9
 swant=$(head -1 "$out")
@@ -87,6 +93,12 @@ run 30 mpirun --oversubscribe -np 1 "$lockstep" "${gen[@]}" --max-seq-len 4096 :
 if [ "$rc" != 0 ] && grep -q "ranks disagree on 'max-seq-len': rank 0 has '4096', rank 1 has '2048'" "$out"; then
   ok "different flags refused, naming the flag"
 else bad "different flags refused"; fi
+
+run 30 mpirun --oversubscribe -np 1 "$lockstep" "${gen[@]}" --experts-split blocks : \
+  -np 1 "$lockstep" "${gen[@]}" --experts-split rows
+if [ "$rc" != 0 ] && grep -q "ranks disagree on 'experts-split': rank 0 has 'blocks', rank 1 has 'rows'" "$out"; then
+  ok "a different experts split refused, naming the flag"
+else bad "a different experts split refused"; fi
 
 # A different backend is refused by the same agreement, before either rank builds collectives
 # for its backend (NCCL for cuda), with or without a GPU or a CUDA build.
