@@ -52,8 +52,8 @@ typedef struct {
   int h0, n_heads;       // query heads [h0, h0 + n_heads)
   int kv0, n_kv;         // KV heads [kv0, kv0 + n_kv)
   int e0, n_experts;     // routed experts [e0, e0 + n_experts)
-  int ex0, ex_n;         // each routed expert's intermediate rows [ex0, ex0 + ex_n)
-  bool ex_rows;          // experts split by rows (lks_experts_split): all of them, ex_n rows each
+  int ex0, ex_n;         // each routed expert's intermediate rows [ex0, ex0 + ex_n): fewer
+                         // than all with experts by rows (lks_experts_split)
   int inter0, inter;     // dense FFN intermediate rows
   int sh0, shared;       // shared expert intermediate rows
   int v0, vocab;         // lm_head rows [v0, v0 + vocab)
@@ -351,7 +351,7 @@ ffn:
       bind_ffn(m, mtp, n, c->moe_inter * c->n_shared, sh->sh0, sh->shared, &L->shared);
       // With experts by rows every rank has the same share of a token's experts: the shared
       // expert stays split by rows too (shared_balanced is for experts in blocks).
-      if (sh->world > 1 && !m->be->ops->moe && !sh->ex_rows)
+      if (sh->world > 1 && !m->be->ops->moe && sh->ex_n == c->moe_inter)
         bind_ffn(m, mtp, n, c->moe_inter * c->n_shared, 0, c->moe_inter * c->n_shared,
                  &L->shared_all);
     }
@@ -451,7 +451,6 @@ static int plan_experts(lks_model *m, lks_experts_split split) {
     return lks_set_error(LKS_ECONFIG,
                          "--experts-split rows: cannot split the experts %d ways: "
                          "moe_intermediate_size = %d is not divisible by %d", W, I, W);
-  sh->ex_rows = true;
   sh->e0 = 0;
   sh->n_experts = m->cfg.n_experts;
   sh->ex_n = I / W;
@@ -459,7 +458,7 @@ static int plan_experts(lks_model *m, lks_experts_split split) {
   return 0;
 }
 
-bool lks_model_experts_by_rows(const lks_model *m) { return m->sh.ex_rows; }
+bool lks_model_experts_by_rows(const lks_model *m) { return m->sh.ex_n < m->cfg.moe_inter; }
 
 lks_model *lks_model_load(const char *dir, lks_backend *be, lks_problem_fn fn, void *ctx) {
   return lks_model_load_shard(dir, be, NULL, LKS_EXPERTS_BLOCKS, fn, ctx);
