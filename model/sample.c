@@ -4,10 +4,12 @@
 // (max - l) / T, finds the bin where the mass reaches top_p and sorts only that bin's tokens; the
 // weights exp((l - max) / T) come from one vectorisable pass in float, summed in double. Ordering
 // is by logit, ties to the lower id; the draw walks the kept tokens in id order, so a seed gives
-// the same tokens as a full sort would. No global state: safe to call from several threads at once.
+// the same tokens as a full sort would. No global state: safe to call from several threads at once
+// (each thread keeps its own buffers between calls).
 #include "model/sample.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,8 +195,8 @@ static void top_k(const float *l, int V, int k, cand *out) {
 }
 
 // The kept tokens and their final probabilities, the distribution both entry points use: dense
-// (every token, probability (float)(w[id] / sum)) or a list of kept ids, ascending. Owns its
-// arrays.
+// (every token, probability (float)(w[id] / sum)) or a list of kept ids, ascending. Its arrays
+// are the calling thread's scratch (below).
 typedef struct {
   int n;       // kept tokens
   cand *c;     // [n] for a list: .i the id, .l its probability; NULL when dense
@@ -202,12 +204,62 @@ typedef struct {
   double sum;  // dense: their sum
 } kept_set;
 
-static void kept_free(kept_set *k) {
-  free(k->c);
-  free(k->w);
+enum { BINS = 2048, BINS_PER_UNIT = 64 };  // bins of (max - l) / T: 1/64 wide, the last open
+
+// A thread's buffers for one call, kept for its next call: no allocation and no fresh pages per
+// token (at V = 151,552 they are 2.7 MB, which malloc would map and the kernel zero each time).
+// Freed when the thread exits.
+typedef struct scratch {
+  int V;           // tokens they hold
+  float *w;        // [2 V]: the weights (top-k: the k logits, then their weights)
+  uint16_t *bins;  // [V]
+  cand *c;         // [V + 1]
+  double *mass;    // [4 BINS]
+  int *count;      // [BINS]
+} scratch;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static bool scratch_ok;
+
+static void scratch_free(void *p) {
+  scratch *b = p;
+  if (!b) return;
+  free(b->w);
+  free(b->bins);
+  free(b->c);
+  free(b->mass);
+  free(b->count);
+  free(b);
 }
 
-enum { BINS = 2048, BINS_PER_UNIT = 64 };  // bins of (max - l) / T: 1/64 wide, the last open
+static void scratch_key_init(void) {
+  scratch_ok = pthread_key_create(&scratch_key, scratch_free) == 0;
+}
+
+// The calling thread's scratch for V tokens, or NULL when out of memory.
+static scratch *scratch_get(int V) {
+  pthread_once(&scratch_once, scratch_key_init);
+  if (!scratch_ok) return NULL;
+  scratch *b = pthread_getspecific(scratch_key);
+  if (b && b->V >= V) return b;
+  scratch_free(b);
+  (void)pthread_setspecific(scratch_key, NULL);
+  b = calloc(1, sizeof *b);
+  if (!b) return NULL;
+  b->V = V;
+  b->w = malloc((size_t)V * 2 * sizeof *b->w);
+  b->bins = malloc((size_t)V * sizeof *b->bins);
+  b->c = malloc(((size_t)V + 1) * sizeof *b->c);
+  b->mass = malloc(4 * BINS * sizeof *b->mass);
+  b->count = malloc(BINS * sizeof *b->count);
+  if (!b->w || !b->bins || !b->c || !b->mass || !b->count ||
+      pthread_setspecific(scratch_key, b) != 0) {
+    scratch_free(b);
+    return NULL;
+  }
+  return b;
+}
 
 // bins[i] = the bin of token i, in one vectorisable pass.
 LKS_VECTORIZE static void bin_all(const float *l, int V, float mx,
@@ -283,15 +335,15 @@ static int refine_edge(cand *edge, int *ne, float mx, float inv_t, const float *
 
 // Top-p over the whole vocabulary without sorting it: the mass of each bin of (max - l) / T finds
 // the bin where the cumulative mass reaches top_p; only that bin's tokens are sorted. Fills the
-// list of out (ids ascending, unnormalised weights in .l) and returns its length, or -1 when out
-// of memory.
+// list b->c (ids ascending, unnormalised weights in .l) and returns its length.
 static int nucleus_by_bins(const float *l, int V, float mx, float inv_t, const float *w, double sum,
-                           double top_p, cand **out) {
-  double *mass = calloc(4 * BINS, sizeof *mass);  // four histograms (below), then one
-  int *count = calloc(BINS, sizeof *count);
-  uint16_t *bins = malloc((size_t)V * sizeof *bins);
-  cand *c = NULL;
-  if (!mass || !count || !bins) goto oom;
+                           double top_p, scratch *b) {
+  double *mass = b->mass;  // four histograms (below), then one
+  int *count = b->count;
+  uint16_t *bins = b->bins;
+  cand *c = b->c;
+  memset(mass, 0, 4 * BINS * sizeof *mass);
+  memset(count, 0, BINS * sizeof *count);
   bin_all(l, V, mx, inv_t, bins);
   // mass holds four interleaved histograms, so that tokens of one bin in a row (all of them,
   // for flat logits) do not wait on each other's sums; added into the first in a fixed order.
@@ -314,9 +366,8 @@ static int nucleus_by_bins(const float *l, int V, float mx, float inv_t, const f
     acc += mass[cut] / sum;
     n += count[cut];
   }
-  // The cut bin's tokens; the best-first prefix of them that reaches top_p.
-  c = malloc((size_t)(n + count[cut] + 1) * sizeof *c);  // + 1: the branch-free fill below
-  if (!c) goto oom;
+  // The cut bin's tokens; the best-first prefix of them that reaches top_p. (c has V + 1
+  // entries: n + count[cut] <= V, and + 1 for the branch-free fill below.)
   cand *edge = c + n;
   int ne = 0;
   for (int i = 0; i < V; i++)
@@ -342,47 +393,32 @@ static int nucleus_by_bins(const float *l, int V, float mx, float inv_t, const f
       k += (bins[i] < cut) | (bins[i] == BINS);
     }
   }
-  free(mass);
-  free(count);
-  free(bins);
-  *out = c;
   return k;
-oom:
-  free(mass);
-  free(count);
-  free(bins);
-  free(c);
-  return -1;
 }
 
 static int keep(const float *l, int V, const lks_sampling *p, kept_set *out) {
   *out = (kept_set){0};
+  scratch *b = scratch_get(V);
+  if (!b) return lks_set_error(LKS_ENOMEM, "sampling: out of memory");
   float inv_t = 1.0f / p->temperature;
   bool limit_k = p->top_k > 0 && p->top_k < V, limit_p = p->top_p < 1.0f;
   int m;
   if (!limit_k) {
-    out->w = malloc((size_t)V * sizeof *out->w);
-    if (!out->w) goto oom;
+    out->w = b->w;
     float mx = l[lks_argmax(l, V)];
     out->sum = weights(l, V, mx, inv_t, out->w);
     if (!limit_p) {  // every token: no ordering needed at all
       out->n = V;
       return 0;
     }
-    m = nucleus_by_bins(l, V, mx, inv_t, out->w, out->sum, p->top_p, &out->c);
-    if (m < 0) goto oom;
-    free(out->w);
+    m = nucleus_by_bins(l, V, mx, inv_t, out->w, out->sum, p->top_p, b);
+    out->c = b->c;
     out->w = NULL;
   } else {
     // The top k, best first, and their weights; then the nucleus of those.
     int k = p->top_k;
-    out->c = malloc((size_t)k * sizeof *out->c);
-    float *lk = malloc((size_t)k * sizeof *lk), *w = malloc((size_t)k * sizeof *w);
-    if (!out->c || !lk || !w) {
-      free(lk);
-      free(w);
-      goto oom;
-    }
+    out->c = b->c;
+    float *lk = b->w, *w = b->w + k;
     top_k(l, V, k, out->c);
     for (int j = 0; j < k; j++) lk[j] = out->c[j].l;
     double sum = weights(lk, k, lk[0], inv_t, w);
@@ -397,8 +433,6 @@ static int keep(const float *l, int V, const lks_sampling *p, kept_set *out) {
       }
     }
     for (int j = 0; j < m; j++) out->c[j].l = w[j];
-    free(lk);
-    free(w);
     qsort(out->c, (size_t)m, sizeof *out->c, by_id);
   }
   // The kept list (in id order) renormalised over itself: the sum in eight interleaved parts,
@@ -412,10 +446,6 @@ static int keep(const float *l, int V, const lks_sampling *p, kept_set *out) {
   for (int j = 0; j < m; j++) out->c[j].l = (float)(out->c[j].l * inv);
   out->n = m;
   return 0;
-oom:
-  kept_free(out);
-  *out = (kept_set){0};
-  return lks_set_error(LKS_ENOMEM, "sampling: out of memory");
 }
 
 int lks_sampling_probs(const float *logits, int V, const lks_sampling *p, float *probs) {
@@ -430,7 +460,6 @@ int lks_sampling_probs(const float *logits, int V, const lks_sampling *p, float 
     for (int j = 0; j < k.n; j++) probs[k.c[j].i] = k.c[j].l;
   else
     for (int i = 0; i < V; i++) probs[i] = (float)(k.w[i] / k.sum);
-  kept_free(&k);
   return 0;
 }
 
@@ -451,6 +480,5 @@ int lks_sample(const float *logits, int V, const lks_sampling *p, lks_rng *rng) 
       break;
     }
   }
-  kept_free(&k);
   return tok >= 0 ? tok : last;  // rounding left u above the total: the last kept token
 }
