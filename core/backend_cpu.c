@@ -11,6 +11,7 @@
 
 #include "core/backend.h"
 #include "core/cpu_kernels.h"
+#include "core/cpu_math.h"
 #include "core/cpu_mla.h"
 #include "core/cpu_quant.h"
 #include "core/error.h"
@@ -373,20 +374,7 @@ static void attn_task(void *ctx, int task, int thread) {
     if (bf16) scores_bf16(kb, kv_ld, np, q, hd, group, hd, s + p0, n_pos, NULL);
     else j->c->k->mm_f32(kb, kv_ld, np, q, hd, group, hd, s + p0, n_pos, NULL);
   }
-  for (int g = 0; g < group; g++) {
-    float *sg = s + (int64_t)g * n_pos;
-    float mx = -INFINITY;
-    for (int p = 0; p < n_pos; p++) {
-      sg[p] *= j->scale;
-      if (sg[p] > mx) mx = sg[p];
-    }
-    float sum = 0;
-    for (int p = 0; p < n_pos; p++) {
-      sg[p] = expf(sg[p] - mx);
-      sum += sg[p];
-    }
-    for (int p = 0; p < n_pos; p++) sg[p] /= sum;
-  }
+  for (int g = 0; g < group; g++) lks__softmax_scaled(s + (int64_t)g * n_pos, n_pos, j->scale);
   // The group's outputs (adjacent heads of hd), block by block of V: each V row read once.
   for (int64_t d = 0; d < (int64_t)group * hd; d++) o[d] = 0;
   for (int p0 = 0; p0 < n_pos; p0 += bs) {
@@ -555,11 +543,7 @@ static void experts_up_task(void *ctx, int task, int thread) {
   int64_t n0 = 0, n1 = 0;
   const lks_tensor *next = next_rows(j, j->task0, task, j->per1, &n0, &n1);
   mm_tile(j->c, ec->up, r0, r1, j->xin[e], j->ldx[e], n, u, m, wide, next, n0, n1);
-  for (int64_t t = 0; t < n; t++)
-    for (int64_t r = 0; r < m; r++) {
-      float gv = g[t * m + r] + 0.0f, uv = u[t * m + r] + 0.0f;  // as a matmul without bias
-      j->act[e][t * I + r0 + r] = gv / (1.0f + expf(-gv)) * uv;
-    }
+  for (int64_t t = 0; t < n; t++) lks__silu_mul(g + t * m, u + t * m, j->act[e] + t * I + r0, m);
 }
 
 static void experts_down_task(void *ctx, int task, int thread) {

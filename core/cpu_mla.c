@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/cpu_math.h"
 #include "core/cpu_mla.h"
 #include "core/cpu_quant.h"
 #include "core/error.h"
@@ -204,23 +205,17 @@ static void mla_task(void *ctx, int h, int thread) {
     }
     const int32_t *keys = j->sel ? j->sel + (size_t)t * j->sel_stride : NULL;
     int n_keys = j->sel ? j->n_sel[t] : j->rows->pos[t] + 1;
-    float mx = -INFINITY;
     for (int i = 0; i < n_keys; i++) {
       int p = keys ? keys[i] : i;
       const float *row = C + slot_of(j->kv, j->rows, t, p) * W;
-      s[i] = (j->k->dot_f32(row, ql, R) + j->k->dot_f32(row + R, q + dn, dr)) * d->scale;
-      if (s[i] > mx) mx = s[i];
+      s[i] = j->k->dot_f32(row, ql, R) + j->k->dot_f32(row + R, q + dn, dr);
     }
-    float sum = 0;
-    for (int i = 0; i < n_keys; i++) {
-      s[i] = expf(s[i] - mx);
-      sum += s[i];
-    }
+    lks__softmax_scaled(s, n_keys, d->scale);
     for (int c = 0; c < R; c++) ol[c] = 0;
     for (int i = 0; i < n_keys; i++) {
       int p = keys ? keys[i] : i;
       const float *row = C + slot_of(j->kv, j->rows, t, p) * W;
-      float pw = s[i] / sum;
+      float pw = s[i];
       for (int c = 0; c < R; c++) ol[c] += pw * row[c];
     }
     for (int v = 0; v < dv; v++) o[v] = j->k->dot_f32(uv + (size_t)v * R, ol, R);

@@ -17,6 +17,7 @@
 
 #include "core/backend.h"
 #include "core/cpu_kernels.h"
+#include "core/cpu_math.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -1055,6 +1056,78 @@ START_TEST(test_pool_sums) {
 }
 END_TEST
 
+// ---- the elementwise passes (cpu_math.h) against libm in double ----
+
+// exp: x = n ln2 + r with r exact to an ulp, e^r by Horner over 8 coefficients (8 roundings of
+// at most 2^-24 each, plus r's own) and a Taylor truncation below (ln2 / 2)^8 / 8! = 5.1e-9; the
+// scaling by 2^n is exact. So |relative error| <= 9 * 2^-24 + 5.1e-9 = 5.4e-7.
+START_TEST(test_exp_pass) {
+  double worst = 0;
+  for (int i = 0; i <= 2000000; i++) {
+    float x = -87.3f + 176.0f * (float)i / 2000000.0f;  // e^x normal: [-87.33, 88.72]
+    double want = exp((double)x), got = lks__exp_f32(x);
+    double rel = fabs(got - want) / want;
+    if (rel > worst) worst = rel;
+  }
+  ck_assert_msg(worst <= 5.4e-7, "exp: worst relative error %.3g", worst);
+  // Subnormal results: within 2^-149 (their spacing) plus the relative bound.
+  for (float x = -103.9f; x < -87.34f; x += 0.01f) {
+    double want = exp((double)x), got = lks__exp_f32(x);
+    ck_assert_msg(fabs(got - want) <= 0x1p-149 + 5.4e-7 * want, "exp(%.9g) = %.9g", x, got);
+  }
+  ck_assert(lks__exp_f32(-104.0f) == 0.0f && lks__exp_f32(-1000.0f) == 0.0f);
+  ck_assert(isinf(lks__exp_f32(88.73f)) && isinf(lks__exp_f32(1000.0f)));
+  ck_assert(isinf(lks__exp_f32(INFINITY)) && lks__exp_f32(-INFINITY) == 0.0f);
+  ck_assert(lks__exp_f32(0.0f) == 1.0f);
+}
+END_TEST
+
+// softmax(scale * s): each exponential within 5.4e-7 (above) of e^(v - max) with v rounded once
+// (the scaling: |v| < 40 here, so up to 40 * 2^-24 = 2.4e-6 absolute in the exponent); the sum of
+// n terms in 16 partial sums and a 4-level tree, at most n / 16 + 4 roundings, each 2^-24; then
+// a division. For n <= 1000: 2.4e-6 + 5.4e-7 + 67 * 6e-8 + 6e-8 = 7.0e-6 relative per output.
+START_TEST(test_softmax_pass) {
+  uint64_t g = 31;
+  const int ns[] = {1, 2, 15, 16, 17, 100, 1000};
+  for (size_t c = 0; c < sizeof ns / sizeof ns[0]; c++) {
+    int n = ns[c];
+    float s[1000];
+    double v[1000], mx = -INFINITY, sum = 0;
+    for (int i = 0; i < n; i++) {
+      s[i] = 20.0f * tu_randf(&g);
+      v[i] = (double)(s[i] * 0.125f);
+      if (v[i] > mx) mx = v[i];
+    }
+    for (int i = 0; i < n; i++) sum += exp(v[i] - mx);
+    lks__softmax_scaled(s, n, 0.125f);
+    for (int i = 0; i < n; i++) {
+      double want = exp(v[i] - mx) / sum;
+      ck_assert_msg(fabs(s[i] - want) <= 7.0e-6 * want, "n %d, %d: %.9g, want %.9g", n, i, s[i],
+                    want);
+    }
+  }
+}
+END_TEST
+
+// silu(g) * u: exp(-g) within 5.4e-7, then an add, a division and a multiply (3 roundings of
+// 2^-24); 1 + e^-g carries e^-g's error at most in full: 5.4e-7 + 1.8e-7 = 7.2e-7 relative.
+START_TEST(test_silu_pass) {
+  uint64_t g = 77;
+  enum { N = 4099 };
+  static float gate[N], up[N], out[N];
+  for (int i = 0; i < N; i++) {
+    gate[i] = i < 3 ? (float[]){-0.0f, 0.0f, -100.0f}[i] : 30.0f * tu_randf(&g);
+    up[i] = 2.0f * tu_randf(&g);
+  }
+  lks__silu_mul(gate, up, out, N);
+  for (int i = 0; i < N; i++) {
+    double gd = gate[i], want = gd / (1.0 + exp(-gd)) * up[i];
+    ck_assert_msg(fabs(out[i] - want) <= 7.2e-7 * fabs(want) + 1e-30, "%d: g %.9g u %.9g: %.9g, "
+                  "want %.9g", i, gate[i], up[i], out[i], want);
+  }
+}
+END_TEST
+
 static TCase *tcase(const char *name, int timeout) {
   TCase *tc = tcase_create(name);
   tcase_add_checked_fixture(tc, setup, teardown);
@@ -1088,6 +1161,9 @@ static Suite *backend_suite(void) {
   tcase_add_test(tc, test_embed);
   tcase_add_test(tc, test_gather_rows);
   tcase_add_test(tc, test_argmax);
+  tcase_add_test(tc, test_exp_pass);
+  tcase_add_test(tc, test_softmax_pass);
+  tcase_add_test(tc, test_silu_pass);
   suite_add_tcase(s, tc);
 
   tc = tcase("attention", 60);
