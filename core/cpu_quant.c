@@ -842,13 +842,19 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
   // thread, six alternated runs of build/kernel_bench 131072 1024: 8.3-10.2 -> 6.4-7.8 ms
   // (NVFP4 4.6-6.9 -> 4.7-6.0; air-1g FP8 decode at 2 threads, eight alternated rounds,
   // medians 134 -> 141 tokens/s, within this host's noise).
-  const int64_t row_bytes = nv ? K / 2 : K;
-  const int64_t pf = row_bytes >= 8192 ? 1 : 8192 / (row_bytes > 0 ? row_bytes : 1);
   // One activation row (decode) with a several-row kernel: LKS__QWROWS weight rows at a time,
   // each as the one-row kernel computes it, with four rows' loads in flight (air-1g decode, this
   // host, six alternated pairs: FP8 blocks 98-123 -> 105-129 tokens/s, 5 pairs of 6 faster;
   // NVFP4 109-131 -> 125-144, 6 of 6; the same speed as one row at a time in cache).
   const int64_t step = (nv ? k->nvfp4_w != NULL : k->fp8_w != NULL) ? LKS__QWROWS : 1;
+  // At least a call's rows ahead: with rows over 2 KB (FP8 at K = 4096, GLM-4.5-Air's hidden
+  // size) 8 KB is fewer rows than a call reads, and the fetch fell on rows the call was reading
+  // already. Out of cache, one thread, FP8 blocks, two alternated runs: K = 4096 12.3-14.1 ->
+  // 20.9-23.1 G weights/s, K = 2736 14.8-15.4 -> 22.5-23.5 (NVFP4 at K = 4096, 2 KB rows, four
+  // rows ahead already: 23-26).
+  const int64_t row_bytes = nv ? K / 2 : K;
+  int64_t pf = row_bytes >= 8192 ? 1 : 8192 / (row_bytes > 0 ? row_bytes : 1);
+  if (pf < step) pf = step;
   for (int64_t r = r0; r < r1; r += step) {
     int nw = r1 - r < step ? (int)(r1 - r) : (int)step;
     const uint8_t *codes[LKS__QWROWS];
