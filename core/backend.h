@@ -247,6 +247,13 @@ lks_backend *lks_backend_new(const char *name, int threads);
 lks_backend *lks_backend_new_on(const char *name, int threads, int device);
 void lks_backend_free(lks_backend *be);
 
+// Whether the CPU backend's buf_wrap_host and buf_wrap_host_2d read the host memory in place
+// (false, the default: the weights straight from the mapped checkpoint files) or copy it into
+// memory of the process's own (true: the weights packed and read from there, as a device
+// backend reads its upload; the setting --mmap false). Set before loading a model; no effect on
+// device backends, which always copy.
+void lks_backend_cpu_copy_host(lks_backend *be, bool copy);
+
 // Runs step(ctx) between the backend's step_begin(key) and step_end, again without them when
 // step_end asks for it; just step(ctx) when the backend has no such ops or key is 0.
 int lks_backend_step(lks_backend *be, uint64_t key, int (*step)(void *ctx), void *ctx);

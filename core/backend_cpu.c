@@ -37,6 +37,7 @@ typedef struct cpu_backend {
   const lks__quant_kernels *qk;  // quantized weights (cpu_quant.c)
   scratch *thread_scratch;  // [n_threads], for widened weight rows and attention scores
   scratch work[3];          // owner-thread buffers for the expert op
+  bool copy_host;           // buf_wrap_host copies (lks_backend_cpu_copy_host)
 } cpu_backend;
 
 static int grow(scratch *s, size_t n) {
@@ -73,8 +74,27 @@ static lks_buf *cpu_buf_alloc(lks_backend *be, size_t bytes) {
   return b;
 }
 
+// A copy of `rows` runs of row_bytes, stride_bytes apart, packed (copy_host).
+static lks_buf *copy_rows(const void *host, int64_t rows, size_t row_bytes, size_t stride_bytes) {
+  lks_buf *b = calloc(1, sizeof *b);
+  size_t bytes = (size_t)rows * row_bytes;
+  void *p = b ? malloc(bytes ? bytes : 1) : NULL;
+  if (!p) {
+    free(b);
+    lks_set_error(LKS_ENOMEM, "cpu backend: cannot allocate %zu bytes for a copy of weights", bytes);
+    return NULL;
+  }
+  for (int64_t r = 0; r < rows; r++)
+    memcpy((char *)p + (size_t)r * row_bytes, (const char *)host + (size_t)r * stride_bytes,
+           row_bytes);
+  b->data = p;
+  b->bytes = bytes;
+  b->owned = true;
+  return b;
+}
+
 static lks_buf *cpu_buf_wrap_host(lks_backend *be, const void *host, size_t bytes) {
-  (void)be;
+  if (((cpu_backend *)be)->copy_host) return copy_rows(host, 1, bytes, bytes);
   lks_buf *b = calloc(1, sizeof *b);
   if (!b) return NULL;
   b->data = (void *)host;  // read-only by contract: no op writes to a wrapped buffer
@@ -84,10 +104,15 @@ static lks_buf *cpu_buf_wrap_host(lks_backend *be, const void *host, size_t byte
 
 static lks_buf *cpu_buf_wrap_host_2d(lks_backend *be, const void *host, int64_t rows,
                                      size_t row_bytes, size_t stride_bytes, size_t *ld_bytes) {
+  if (((cpu_backend *)be)->copy_host) {
+    *ld_bytes = row_bytes;
+    return copy_rows(host, rows, row_bytes, stride_bytes);
+  }
   *ld_bytes = stride_bytes;
   size_t span = rows > 0 ? (size_t)(rows - 1) * stride_bytes + row_bytes : 0;
   return cpu_buf_wrap_host(be, host, span);
 }
+
 
 static void *cpu_buf_ptr(lks_backend *be, lks_buf *b) {
   (void)be;
@@ -741,4 +766,8 @@ lks_backend *lks__backend_cpu_new(int threads) {
   }
   LKS_LOG(LKS_LOG_INFO, "cpu backend: %d threads, %s kernels", threads, c->k->name);
   return &c->base;
+}
+
+void lks_backend_cpu_copy_host(lks_backend *be, bool copy) {
+  if (be && be->ops == &cpu_ops) ((cpu_backend *)be)->copy_host = copy;
 }

@@ -37,6 +37,10 @@ static const lks_setting_def defs[] = {
      "routed experts across ranks: blocks (each rank a block of whole experts) or rows (each rank "
      "its rows of every expert: the same share of every token's experts, in more and smaller "
      "products)"},
+    {"mmap", 0, LKS_SET_BOOL, 0, 0, "true", false,
+     "read the weights in place from the mapped checkpoint files (false: copy them into the "
+     "process's memory at load, which needs that much free memory and reads steadier where "
+     "mapped files stream slower; cpu backend)"},
     {"prefix-cache", 0, LKS_SET_BOOL, 0, 0, "true", false,
      "keep the KV blocks of finished sequences and reuse them for prompts that start the same"},
     {"spec", 0, LKS_SET_STR, 0, 0, "off", true,

@@ -86,6 +86,17 @@ PRESETS = {
         inter=1408, scale=1.0, n_group=1, topk_group=1, norm_topk=1,
         vocab=16384, mtp=1,
     ),
+    # Wide, for the kernels' speed at the real model's row lengths: GLM-4.5-Air's own widths
+    # (hidden 4096; 96 query heads of 128, 8 KV heads; experts of 1408; dense 10944) in 3 layers
+    # (1 dense) with 16 routed experts, top-8, no MTP: 2.4 GB in BF16, 0.84 G weights read a
+    # token. Its rows are 4x longer than air-1g's, so a row's fixed costs weigh less.
+    "air-wide": dict(
+        hidden=4096, layers=3, heads=96, kv_heads=8, head_dim=128,
+        partial_rotary=0.5, rope_theta=1e6, qk_norm=0, attn_bias=1,
+        first_dense=1, experts=16, shared_experts=1, topk=8, moe_inter=1408,
+        inter=10944, scale=1.0, n_group=1, topk_group=1, norm_topk=1,
+        vocab=16384, mtp=0,
+    ),
 }
 
 

@@ -253,6 +253,7 @@ lks_world *lks_world_start(const lks_settings *s, const char *dir, int max_slots
   const lks_config *cfg;
   w->be = lks_backend_new_on(backend, (int)lks_settings_int(s, "threads"), gpu);
   if (!w->be) goto fail;
+  lks_backend_cpu_copy_host(w->be, !lks_settings_bool(s, "mmap"));
   double t0 = lks_clock();
   w->model = lks_model_load_shard(dir, w->be, w->comm, split, NULL, NULL);
   if (!w->model || lks_model_set_kv_dtype(w->model, kv_dtype) < 0) goto fail;

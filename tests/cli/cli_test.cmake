@@ -36,6 +36,9 @@ expect("rc EQUAL 0 AND out STREQUAL first" "sampling is reproducible from its se
 run(${LOCKSTEP} generate --model ${model} --prompt-ids ${prompt} -n 16 --ignore-eos --kv-dtype bf16)
 string(STRIP "${out}" got)
 expect("rc EQUAL 0 AND got STREQUAL want" "generate with a BF16 KV cache prints the reference's greedy tokens")
+run(${LOCKSTEP} generate --model ${model} --prompt-ids ${prompt} -n 16 --ignore-eos --mmap false)
+string(STRIP "${out}" got)
+expect("rc EQUAL 0 AND got STREQUAL want" "generate with the weights copied into memory (--mmap false) prints the reference's greedy tokens")
 run(${LOCKSTEP} generate --model ${model} --prompt-ids ${prompt} -n 2 --kv-dtype f16)
 expect("NOT rc EQUAL 0 AND err MATCHES \"--kv-dtype f16: expected f32 or bf16\"" "refuse an unknown --kv-dtype")
 

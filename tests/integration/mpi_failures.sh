@@ -47,6 +47,10 @@ for np in 2 4; do
   [ "$rc" = 0 ] && [ "$(head -1 "$out")" = "$want" ] && ok "world $np, experts by rows: greedy equals world 1" \
     || bad "world $np, experts by rows: greedy equals world 1"
 done
+# --mmap false: each rank's weights copied into its memory, column slices packed (rows split).
+run 60 mpirun --oversubscribe -np 2 "$lockstep" "${gen[@]}" --experts-split rows --mmap false
+[ "$rc" = 0 ] && [ "$(head -1 "$out")" = "$want" ] && ok "world 2, experts by rows, weights copied: greedy equals world 1" \
+  || bad "world 2, experts by rows, weights copied: greedy equals world 1"
 run 60 "$lockstep" "${gen[@]}" --temperature 0.9 --top-p 0.95 --seed 9
 swant=$(head -1 "$out")
 run 60 mpirun --oversubscribe -np 2 "$lockstep" "${gen[@]}" --temperature 0.9 --top-p 0.95 --seed 9
