@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/fastmath.h"
 
 // The sampling passes are written to vectorise, and the weights must not depend on whether the
 // compiler fuses a multiply and an add: gcc takes both per function, clang takes the contraction
@@ -92,34 +93,11 @@ int lks_argmax(const float *x, int n) {
   return best;
 }
 
-// exp(x) in float for x <= 0 (larger x is not asked for: x = (l - max) / T), relative error
-// below 2e-7; 0 below -87. Branch-free so that the loop below vectorises; compiled without FMA
-// contraction, so each of its target clones (wider vectors where the CPU has them) gives the same
-// bits as the generic one.
-static inline float exp_le0(float x) {
-  const float log2e = 1.44269504f, ln2_hi = 0.693145752f, ln2_lo = 1.42860677e-6f;
-  float xc = x < -87.0f ? -87.0f : x;
-  float n = (xc * log2e + 12582912.0f) - 12582912.0f;  // round to nearest
-  float r = (xc - n * ln2_hi) - n * ln2_lo;            // |r| <= ln2 / 2
-  float p = 1.0f / 5040;
-  p = p * r + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  int32_t bits = ((int32_t)n + 127) << 23;
-  float scale;
-  memcpy(&scale, &bits, 4);
-  return x < -87.0f ? 0.0f : p * scale;
-}
-
 // w[i] = exp((l[i] - mx) * inv_t) for i < n; returns their sum in double, in a fixed order (eight
 // interleaved partial sums, then a fixed tree), so it does not depend on the compiler.
 LKS_VECTORIZE_NO_CONTRACT LKS_WIDE_CLONES static double
 weights(const float *l, int n, float mx, float inv_t, float *w) {
-  for (int i = 0; i < n; i++) w[i] = exp_le0((l[i] - mx) * inv_t);
+  for (int i = 0; i < n; i++) w[i] = lks_exp_f32((l[i] - mx) * inv_t);
   double s[8] = {0};
   int i = 0;
   for (; i + 8 <= n; i += 8)
@@ -137,7 +115,7 @@ sum_exp(const float *l, int n, float mx) {
   double s[8] = {0};
   for (int at = 0; at < n; at += CHUNK) {
     int m = n - at < CHUNK ? n - at : CHUNK;
-    for (int i = 0; i < m; i++) w[i] = exp_le0(l[at + i] - mx);
+    for (int i = 0; i < m; i++) w[i] = lks_exp_f32(l[at + i] - mx);
     int i = 0;
     for (; i + 8 <= m; i += 8)
       for (int j = 0; j < 8; j++) s[j] += w[i + j];
