@@ -81,7 +81,8 @@ static lks_buf *copy_rows(const void *host, int64_t rows, size_t row_bytes, size
   void *p = b ? malloc(bytes ? bytes : 1) : NULL;
   if (!p) {
     free(b);
-    lks_set_error(LKS_ENOMEM, "cpu backend: cannot allocate %zu bytes for a copy of weights", bytes);
+    lks_set_error(LKS_ENOMEM, "cpu backend: cannot allocate %zu bytes for a copy of weights",
+                  bytes);
     return NULL;
   }
   for (int64_t r = 0; r < rows; r++)
@@ -112,7 +113,6 @@ static lks_buf *cpu_buf_wrap_host_2d(lks_backend *be, const void *host, int64_t 
   size_t span = rows > 0 ? (size_t)(rows - 1) * stride_bytes + row_bytes : 0;
   return cpu_buf_wrap_host(be, host, span);
 }
-
 
 static void *cpu_buf_ptr(lks_backend *be, lks_buf *b) {
   (void)be;
@@ -568,7 +568,8 @@ static void experts_up_task(void *ctx, int task, int thread) {
   int64_t n0 = 0, n1 = 0;
   const lks_tensor *next = next_rows(j, j->task0, task, j->per1, &n0, &n1);
   mm_tile(j->c, ec->up, r0, r1, j->xin[e], j->ldx[e], n, u, m, wide, next, n0, n1);
-  for (int64_t t = 0; t < n; t++) lks__silu_mul(g + t * m, u + t * m, j->act[e] + t * I + r0, m);
+  for (int64_t t = 0; t < n; t++)  // as a matmul without bias: -0 counts as +0 (cpu_math.h)
+    lks__silu_mul(g + t * m, u + t * m, j->act[e] + t * I + r0, m);
 }
 
 static void experts_down_task(void *ctx, int task, int thread) {
