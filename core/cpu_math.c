@@ -20,7 +20,7 @@
 
 float lks__exp_f32(float x) { return lks_exp_f32(x); }
 
-VECTORIZE WIDE_CLONES void lks__softmax_scaled(float *s, int64_t n, float scale) {
+VECTORIZE WIDE_CLONES static void softmax_pass(float *s, int64_t n, float scale) {
   float mx = -INFINITY;
   for (int64_t i = 0; i < n; i++) {
     s[i] *= scale;
@@ -39,14 +39,22 @@ VECTORIZE WIDE_CLONES void lks__softmax_scaled(float *s, int64_t n, float scale)
   }
   for (int w = 8; w >= 1; w /= 2)
     for (int j = 0; j < w; j++) part[j] += part[j + w];
-  float inv = part[0];
-  for (int64_t k = 0; k < n; k++) s[k] /= inv;
+  float sum = part[0];
+  for (int64_t k = 0; k < n; k++) s[k] /= sum;
 }
 
-VECTORIZE WIDE_CLONES void lks__silu_mul(const float *gate, const float *up, float *out,
-                                         int64_t n) {
+VECTORIZE WIDE_CLONES static void silu_pass(const float *gate, const float *up, float *out,
+                                            int64_t n) {
   for (int64_t i = 0; i < n; i++) {
     float g = gate[i] + 0.0f, u = up[i] + 0.0f;
     out[i] = g / (1.0f + lks_exp_f32(-g)) * u;
   }
+}
+
+// The clones are static and called from here: clang emits a target_clones function's dispatch
+// only where its own file calls it.
+void lks__softmax_scaled(float *s, int64_t n, float scale) { softmax_pass(s, n, scale); }
+
+void lks__silu_mul(const float *gate, const float *up, float *out, int64_t n) {
+  silu_pass(gate, up, out, n);
 }
