@@ -6,21 +6,10 @@
 
 #include "core/fastmath.h"
 
-#if defined(__clang__)
-#pragma STDC FP_CONTRACT OFF
-#define VECTORIZE
-#else
-#define VECTORIZE __attribute__((optimize("tree-vectorize", "fp-contract=off")))
-#endif
-#if defined(__x86_64__)
-#define WIDE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define WIDE_CLONES
-#endif
-
 float lks__exp_f32(float x) { return lks_exp_f32(x); }
 
-VECTORIZE WIDE_CLONES static void softmax_pass(float *s, int64_t n, float scale) {
+LKS_VECTORIZE_NO_CONTRACT LKS_WIDE_CLONES static void
+softmax_pass(float *s, int64_t n, float scale) {
   float mx = -INFINITY;
   for (int64_t i = 0; i < n; i++) {
     s[i] *= scale;
@@ -43,16 +32,15 @@ VECTORIZE WIDE_CLONES static void softmax_pass(float *s, int64_t n, float scale)
   for (int64_t k = 0; k < n; k++) s[k] /= sum;
 }
 
-VECTORIZE WIDE_CLONES static void silu_pass(const float *gate, const float *up, float *out,
-                                            int64_t n) {
+LKS_VECTORIZE_NO_CONTRACT LKS_WIDE_CLONES static void
+silu_pass(const float *gate, const float *up, float *out, int64_t n) {
   for (int64_t i = 0; i < n; i++) {
     float g = gate[i] + 0.0f, u = up[i] + 0.0f;
     out[i] = g / (1.0f + lks_exp_f32(-g)) * u;
   }
 }
 
-// The clones are static and called from here: clang emits a target_clones function's dispatch
-// only where its own file calls it.
+// The clones are static and called from here (fastmath.h).
 void lks__softmax_scaled(float *s, int64_t n, float scale) { softmax_pass(s, n, scale); }
 
 void lks__silu_mul(const float *gate, const float *up, float *out, int64_t n) {

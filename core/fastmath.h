@@ -10,6 +10,26 @@
 #include <stdint.h>
 #include <string.h>
 
+// Passes over rows that call it are written to vectorise, and their results must not depend on
+// whether the compiler fuses a multiply and an add: gcc takes both per function (the
+// attributes), clang takes the contraction rule for the rest of the including file (and
+// vectorises at -O2 anyway). x86-64 gets clones for wider vectors, chosen at load time; elsewhere
+// (arm64: NEON is the baseline) one version. Clang emits a clone's dispatch only where its own
+// file calls it: keep the cloned functions static.
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#define LKS_VECTORIZE
+#define LKS_VECTORIZE_NO_CONTRACT
+#else
+#define LKS_VECTORIZE __attribute__((optimize("tree-vectorize")))
+#define LKS_VECTORIZE_NO_CONTRACT __attribute__((optimize("tree-vectorize", "fp-contract=off")))
+#endif
+#if defined(__x86_64__)
+#define LKS_WIDE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define LKS_WIDE_CLONES
+#endif
+
 // exp(x): x = n ln2 + r with n = round(x / ln2) (ln2 in two parts, so r is exact to an ulp)
 // and |r| <= ln2 / 2; e^r by its Taylor polynomial to degree 7 (truncation below 5.2e-9 there);
 // then 2^n as two powers of two, 2^(n >> 1) (exact on p) and 2^(n - (n >> 1)), so that each is a

@@ -17,28 +17,8 @@
 #include "core/error.h"
 #include "core/fastmath.h"
 
-// The sampling passes are written to vectorise, and the weights must not depend on whether the
-// compiler fuses a multiply and an add: gcc takes both per function, clang takes the contraction
-// rule for the whole file (and vectorises at -O2 anyway).
-#if defined(__clang__)
-#pragma STDC FP_CONTRACT OFF
-#define LKS_VECTORIZE
-#define LKS_VECTORIZE_NO_CONTRACT
-#else
-#define LKS_VECTORIZE __attribute__((optimize("tree-vectorize")))
-#define LKS_VECTORIZE_NO_CONTRACT __attribute__((optimize("tree-vectorize", "fp-contract=off")))
-#endif
-
 #if defined(__SSE2__)
 #include <emmintrin.h>
-#endif
-
-// x86-64 gets clones for wider vectors, chosen at load time; elsewhere (arm64: NEON is the
-// baseline) one version.
-#if defined(__x86_64__)
-#define LKS_WIDE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define LKS_WIDE_CLONES
 #endif
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
