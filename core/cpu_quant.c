@@ -6,8 +6,9 @@
 // hardware's half-to-float conversion (F16C; FCVTL on arm64) makes it an f32 exactly, without the microcode
 // assists that f32 subnormals would cost. The products with x are summed per 128-column block
 // (or over the whole row for per-row scales) and each block's partial sum is multiplied by its
-// scale times 2^8: sum_b (256 s_b) * (sum_{k in b} 2^-8 e4m3(w_k) x_k). NaN codes (never written
-// by a quantizer) are not detected here.
+// scale times 2^8: sum_b (256 s_b) * (sum_{k in b} 2^-8 e4m3(w_k) x_k). The AVX-512 kernels place
+// the bits in a BF16 instead (fp8_pair, below). NaN codes (never written by a quantizer) are not
+// detected here.
 // NVFP4: the 16 E2M1 values are a lookup table (a permute on AVX-512, below; the 8 magnitudes and a
 // sign bit on AVX2; TBL of twice the values as bytes on NEON); each group's values are multiplied by its E4M3 scale (exact: 2- and 4-bit
 // mantissas) before the FMA with x.
@@ -69,10 +70,10 @@ static void nvfp4_scalar(const uint8_t *w, const uint8_t *gs, const float *const
 static const lks__quant_kernels q_scalar = {.name = "scalar", .fp8 = fp8_scalar,
                                             .nvfp4 = nvfp4_scalar};
 
-// Loops over a kernel's rows (NX activation rows: at most 6, NW weight rows: 4) unrolled, so that
-// their accumulators stay in registers: without it GCC kept the prefill kernels' accumulators
-// (fp8_avx512_n and the like) on the stack, a load and a store around every FMA.
-#define LKS_UNROLL _Pragma("GCC unroll 6")
+// Loops over a kernel's rows (NX activation rows: at most 6, NW weight rows: at most 8) unrolled,
+// so that their accumulators stay in registers: without it GCC kept the prefill kernels'
+// accumulators (fp8_avx512_n and the like) on the stack, a load and a store around every FMA.
+#define LKS_UNROLL _Pragma("GCC unroll 8")
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -265,73 +266,6 @@ AVX2 static void nvfp4_avx2_rows(const uint8_t *const *w, const uint8_t *const *
 
 // ---- AVX-512: 16 columns a vector, two accumulators a row, up to four rows ----
 
-AVX512 INLINE __m512 fp8x16_avx512(const uint8_t *p) {
-  __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
-  h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xBF80));
-  return _mm512_cvtph_ps(h);
-}
-
-// 32 codes, the values of fp8x16_avx512 on p and p + 16: one 512-bit widening, shift and mask
-// for the 32, then each half converted (10 uops for 32 weights and their FMAs, against 12).
-AVX512 INLINE void fp8x32_avx512(const uint8_t *p, __m512 *w0, __m512 *w1) {
-  __m512i h = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)p));
-  h = _mm512_and_si512(_mm512_slli_epi16(h, 7), _mm512_set1_epi16((short)0xBF80));
-  *w0 = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
-  *w1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
-}
-
-AVX512 INLINE void fp8_avx512_n(const uint8_t *w, const float *bs, int64_t blk,
-                                const float *const *x, int64_t K, float *out, const int NX) {
-  __m512 acc[LKS__QROWS][2], p[LKS__QROWS][2];
-  float tail[LKS__QROWS] = {0};
-  LKS_UNROLL
-  for (int t = 0; t < NX; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
-  for (int64_t k0 = 0, b = 0; k0 < K; k0 += blk, b++) {
-    int64_t k1 = k0 + blk < K ? k0 + blk : K, k = k0;
-    LKS_UNROLL
-    for (int t = 0; t < NX; t++) p[t][0] = p[t][1] = _mm512_setzero_ps();
-    for (; k + 32 <= k1; k += 32) {
-      __m512 w0, w1;
-      fp8x32_avx512(w + k, &w0, &w1);
-      LKS_UNROLL
-      for (int t = 0; t < NX; t++) {
-        p[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + k), p[t][0]);
-        p[t][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[t] + k + 16), p[t][1]);
-      }
-    }
-    if (k + 16 <= k1) {
-      __m512 w0 = fp8x16_avx512(w + k);
-      LKS_UNROLL
-      for (int t = 0; t < NX; t++) p[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + k), p[t][0]);
-      k += 16;
-    }
-    __m512 s = _mm512_set1_ps(bs[b] * 256.0f);
-    LKS_UNROLL
-    for (int t = 0; t < NX; t++) {
-      acc[t][0] = _mm512_fmadd_ps(p[t][0], s, acc[t][0]);
-      acc[t][1] = _mm512_fmadd_ps(p[t][1], s, acc[t][1]);
-      float ts = 0;
-      for (int64_t j = k; j < k1; j++) ts += e4m3_lut[w[j]] * x[t][j];
-      tail[t] += ts * bs[b];
-    }
-  }
-  LKS_UNROLL
-  for (int t = 0; t < NX; t++)
-    out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1])) + tail[t];
-}
-
-AVX512 static void fp8_avx512(const uint8_t *w, const float *bs, int64_t blk,
-                              const float *const *x, int nx, int64_t K, float *out) {
-  switch (nx) {
-    case 1: fp8_avx512_n(w, bs, blk, x, K, out, 1); break;
-    case 2: fp8_avx512_n(w, bs, blk, x, K, out, 2); break;
-    case 3: fp8_avx512_n(w, bs, blk, x, K, out, 3); break;
-    case 4: fp8_avx512_n(w, bs, blk, x, K, out, 4); break;
-    case 5: fp8_avx512_n(w, bs, blk, x, K, out, 5); break;
-    default: fp8_avx512_n(w, bs, blk, x, K, out, 6); break;
-  }
-}
-
 // NVFP4 on AVX-512, 32 columns (two groups, 16 code bytes) a step. Byte i's low nibble is
 // column 2i, its high nibble column 2i+1: the bytes widened to 32 bits are the permute's
 // indices for the even columns as they are (it reads the low four bits) and, shifted by 4, for
@@ -434,7 +368,9 @@ AVX512 INLINE void nvfp4_avx512_nx(const uint8_t *w, const uint8_t *gs, const fl
     case 3: nvfp4_avx512_n(w, gs, x, K, out, 3, XS); break;
     case 4: nvfp4_avx512_n(w, gs, x, K, out, 4, XS); break;
     case 5: nvfp4_avx512_n(w, gs, x, K, out, 5, XS); break;
-    default: nvfp4_avx512_n(w, gs, x, K, out, 6, XS); break;
+    case 6: nvfp4_avx512_n(w, gs, x, K, out, 6, XS); break;
+    case 7: nvfp4_avx512_n(w, gs, x, K, out, 7, XS); break;
+    default: nvfp4_avx512_n(w, gs, x, K, out, 8, XS); break;
   }
 }
 
@@ -465,63 +401,169 @@ AVX512 static void nvfp4_avx512_split(const float *x, int64_t K, float *xs) {
   }
 }
 
-// NW weight rows (1 to 4) and one activation row: per weight row the arithmetic of
-// fp8_avx512_n / nvfp4_avx512_n with one row.
-AVX512 INLINE void fp8_avx512_w(const uint8_t *const *w, const uint8_t *const *ahead,
-                                const float *const *bs, int64_t blk, const float *x, int64_t K,
-                                float *out, const int NW) {
-  __m512 acc[4][2], p[4][2];
-  float tail[4] = {0, 0, 0, 0};
+// FP8 on AVX-512, 32 columns a step: the 32 codes sign-extended to 16 bits and shifted left by
+// 4 put sign, exponent and mantissa at a BF16's bits 15, 10..7 and 6..4; cleared of the sign's
+// copies in bits 14..11, each word is a BF16 (and, in a 32-bit lane's upper half, an f32) worth
+// 2^-120 times the code's E4M3 value, subnormal codes included (BF16 and f32 subnormals then:
+// FMAs take them without assists on this AMD core; with the MXCSR's DAZ set they would read 0,
+// which nothing in lockstep sets and check_quant's subnormal codes would catch). A lane's lower
+// word shifted up and its upper word masked are the f32 weights of the step's even and odd
+// columns: 5 integer operations for 32 weights, against 6 for the conversion through halves,
+// whose two conversions take 2 uops each (air-1g's experts, 352 x 1024, in cache, one thread:
+// 20 -> 38 G weights/s with the grids below). x is split once for all weight rows into its even
+// and odd columns (fp8_avx512_split) times 2^64, which keeps the products in the f32 normal
+// range (2^-56 times the true product); each block's partial sums are multiplied by its scale
+// times 2^56:
+//   sum_b (2^56 s_b) * (sum_{k in b} (2^-120 e4m3(w_k)) * (2^64 x_k))
+// exact but for the f32 roundings of the sums (|x| >= 2^64 would overflow: no activation is).
+// A row's last block may end in a half step (16 columns, the codes' other 16 zero) and a tail
+// of K % 16 columns summed one at a time with x as it is (kept after the split columns).
+#define FP8_X_SCALE 0x1p64f
+#define FP8_S_SCALE 0x1p56f
+
+// The weights of a step's even and odd columns (half: 16 codes, the rest zero).
+AVX512 INLINE void fp8_pair(const uint8_t *p, bool half, __m512 *we, __m512 *wo) {
+  __m256i c = half ? _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)p))
+                   : _mm256_loadu_si256((const __m256i *)p);
+  __m512i h = _mm512_cvtepi8_epi16(c);
+  h = _mm512_and_si512(_mm512_slli_epi16(h, 4), _mm512_set1_epi16((short)0x87FF));
+  *we = _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+  *wo = _mm512_castsi512_ps(_mm512_and_si512(h, _mm512_set1_epi32((int)0xFFFF0000)));
+}
+
+AVX512 static void fp8_avx512_split(const float *x, int64_t K, float *xs) {
+  const __m512 s = _mm512_set1_ps(FP8_X_SCALE);
+  int64_t G = K / 16, g = 0;
+  __m512 xe, xo;
+  for (; g < G; g += 2) {
+    nv_x(x + g * 16, g + 1 == G, &xe, &xo);
+    _mm512_storeu_ps(xs + g * 16, _mm512_mul_ps(xe, s));
+    _mm512_storeu_ps(xs + g * 16 + 16, _mm512_mul_ps(xo, s));
+  }
+  memcpy(xs + lks__nvfp4_split_len(K), x + G * 16, (size_t)(K % 16) * sizeof *x);
+}
+
+// One step at column k of RW weight rows by NX activation rows.
+AVX512 INLINE void fp8_g_step(const uint8_t *const *w, const float *const *xs, int64_t k,
+                              bool half, __m512 *p, const int RW, const int NX) {
   LKS_UNROLL
-  for (int r = 0; r < NW; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int i = 0; i < RW; i++) {
+    __m512 we, wo;
+    fp8_pair(w[i] + k, half, &we, &wo);
+    LKS_UNROLL
+    for (int t = 0; t < NX; t++) {
+      __m512 *q = &p[i * NX + t];
+      *q = _mm512_fmadd_ps(we, _mm512_loadu_ps(xs[t] + k), *q);
+      *q = _mm512_fmadd_ps(wo, _mm512_loadu_ps(xs[t] + k + 16), *q);
+    }
+  }
+}
+
+// RW weight rows by NX activation rows (split), RW * NX <= 8: out[i * NX + t]. Every pair's
+// arithmetic is the same whatever RW and NX: a block sum in one accumulator, the even then the
+// odd columns' products each step (two dependent FMAs), added to the pair's total times the
+// block's scale; the tail one column at a time. Eight pairs keep the FMA units busy (with fewer
+// they wait on the FMAs' latency) and, one activation row by eight weight rows (decode), eight
+// streams of codes are read at once: out of cache, one thread, 13.5-15 -> 17-21 G weights/s
+// against four. Each weight step is converted once for its NX rows.
+AVX512 INLINE void fp8_avx512_g(const uint8_t *const *w, const uint8_t *const *ahead,
+                                const float *const *bs, int64_t blk, const float *const *xs,
+                                int64_t K, float *out, const int RW, const int NX) {
+  __m512 acc[8], p[8];
+  float tail[8] = {0};
+  const int64_t K16 = K / 16 * 16, tx = lks__nvfp4_split_len(K);
+  LKS_UNROLL
+  for (int j = 0; j < RW * NX; j++) acc[j] = _mm512_setzero_ps();
   for (int64_t k0 = 0, b = 0; k0 < K; k0 += blk, b++) {
     int64_t k1 = k0 + blk < K ? k0 + blk : K, k = k0;
     LKS_UNROLL
-    for (int r = 0; r < NW; r++) p[r][0] = p[r][1] = _mm512_setzero_ps();
+    for (int j = 0; j < RW * NX; j++) p[j] = _mm512_setzero_ps();
     for (; k + 32 <= k1; k += 32) {
-      __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
       if (ahead && !(k & 32)) {
         LKS_UNROLL
-        for (int r = 0; r < NW; r++) _mm_prefetch((const char *)ahead[r] + k, _MM_HINT_T0);
+        for (int i = 0; i < RW; i++) _mm_prefetch((const char *)ahead[i] + k, _MM_HINT_T0);
       }
-      LKS_UNROLL
-      for (int r = 0; r < NW; r++) {
-        __m512 w0, w1;
-        fp8x32_avx512(w[r] + k, &w0, &w1);
-        p[r][0] = _mm512_fmadd_ps(w0, x0, p[r][0]);
-        p[r][1] = _mm512_fmadd_ps(w1, x1, p[r][1]);
-      }
+      fp8_g_step(w, xs, k, false, p, RW, NX);
     }
     if (k + 16 <= k1) {
-      __m512 x0 = _mm512_loadu_ps(x + k);
-      LKS_UNROLL
-      for (int r = 0; r < NW; r++) p[r][0] = _mm512_fmadd_ps(fp8x16_avx512(w[r] + k), x0, p[r][0]);
+      fp8_g_step(w, xs, k, true, p, RW, NX);
       k += 16;
     }
     LKS_UNROLL
-    for (int r = 0; r < NW; r++) {
-      __m512 s = _mm512_set1_ps(bs[r][b] * 256.0f);
-      acc[r][0] = _mm512_fmadd_ps(p[r][0], s, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(p[r][1], s, acc[r][1]);
-      float ts = 0;
-      for (int64_t j = k; j < k1; j++) ts += e4m3_lut[w[r][j]] * x[j];
-      tail[r] += ts * bs[r][b];
+    for (int i = 0; i < RW; i++) {
+      __m512 s = _mm512_set1_ps(bs[i][b] * FP8_S_SCALE);
+      LKS_UNROLL
+      for (int t = 0; t < NX; t++) {
+        acc[i * NX + t] = _mm512_fmadd_ps(p[i * NX + t], s, acc[i * NX + t]);
+        float ts = 0;
+        for (int64_t j = k; j < k1; j++) ts += e4m3_lut[w[i][j]] * xs[t][tx + j - K16];
+        tail[i * NX + t] += ts * bs[i][b];
+      }
     }
   }
   LKS_UNROLL
-  for (int r = 0; r < NW; r++)
-    out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1])) + tail[r];
+  for (int j = 0; j < RW * NX; j++) out[j] = _mm512_reduce_add_ps(acc[j]) + tail[j];
 }
 
-AVX512 static void fp8_avx512_rows(const uint8_t *const *w, const uint8_t *const *ahead,
-                                   const float *const *bs, int64_t blk, const float *x, int nw,
-                                   int64_t K, float *out) {
-  switch (nw) {
-    case 1: fp8_avx512_w(w, ahead, bs, blk, x, K, out, 1); break;
-    case 2: fp8_avx512_w(w, ahead, bs, blk, x, K, out, 2); break;
-    case 3: fp8_avx512_w(w, ahead, bs, blk, x, K, out, 3); break;
-    default: fp8_avx512_w(w, ahead, bs, blk, x, K, out, 4); break;
+#define FP8_G(RW, NX) fp8_avx512_g(w, ahead, bs, blk, xs, K, out, RW, NX)
+AVX512 static void fp8_avx512_grid(const uint8_t *const *w, const uint8_t *const *ahead,
+                                   const float *const *bs, int64_t blk, const float *const *xs,
+                                   int nw, int nx, int64_t K, float *out) {
+  switch (nx) {
+    case 1:
+      switch (nw) {
+        case 1: FP8_G(1, 1); break;
+        case 2: FP8_G(2, 1); break;
+        case 3: FP8_G(3, 1); break;
+        case 4: FP8_G(4, 1); break;
+        case 5: FP8_G(5, 1); break;
+        case 6: FP8_G(6, 1); break;
+        case 7: FP8_G(7, 1); break;
+        default: FP8_G(8, 1); break;
+      }
+      break;
+    case 2:
+      switch (nw) {
+        case 1: FP8_G(1, 2); break;
+        case 2: FP8_G(2, 2); break;
+        case 3: FP8_G(3, 2); break;
+        default: FP8_G(4, 2); break;
+      }
+      break;
+    case 3:
+      if (nw == 1) FP8_G(1, 3);
+      else FP8_G(2, 3);
+      break;
+    case 4:
+      if (nw == 1) FP8_G(1, 4);
+      else FP8_G(2, 4);
+      break;
+    case 5: FP8_G(1, 5); break;
+    case 6: FP8_G(1, 6); break;
+    case 7: FP8_G(1, 7); break;
+    default: FP8_G(1, 8); break;
   }
+}
+#undef FP8_G
+
+// x as it is: split here (the products split each row once for many weight rows instead).
+AVX512 static void fp8_avx512(const uint8_t *w, const float *bs, int64_t blk,
+                              const float *const *x, int nx, int64_t K, float *out) {
+  const int64_t sl = lks__fp8_split_len(K);
+  float *buf = malloc((size_t)(nx * sl) * sizeof *buf);
+  const float *xs[LKS__QROWS];
+  if (!buf) {  // unreachable in practice: a few pages; the portable kernel needs none
+    fp8_scalar(w, bs, blk, x, nx, K, out);
+    return;
+  }
+  for (int t = 0; t < nx; t++) {
+    fp8_avx512_split(x[t], K, buf + t * sl);
+    xs[t] = buf + t * sl;
+  }
+  const uint8_t *wr[1] = {w};
+  const float *br[1] = {bs};
+  fp8_avx512_grid(wr, NULL, br, blk, xs, 1, nx, K, out);
+  free(buf);
 }
 
 // One step of the NW-row kernel into accumulator A.
@@ -573,11 +615,12 @@ static const lks__quant_kernels q_avx2 = {.name = "avx2",
 static const lks__quant_kernels q_avx512 = {.name = "avx512",
                                             .fp8 = fp8_avx512,
                                             .nvfp4 = nvfp4_avx512,
-                                            .fp8_w = fp8_avx512_rows,
                                             .nvfp4_w = nvfp4_avx512_rows,
                                             .w_ahead = true,
                                             .nvfp4_split = nvfp4_avx512_split,
-                                            .nvfp4_xs = nvfp4_avx512_xs};
+                                            .nvfp4_xs = nvfp4_avx512_xs,
+                                            .fp8_split = fp8_avx512_split,
+                                            .fp8_grid = fp8_avx512_grid};
 #elif defined(__aarch64__)
 #include <arm_neon.h>
 #include <asm/hwcap.h>
@@ -748,7 +791,8 @@ const lks__quant_kernels *lks__quant_kernels_best(void) {
   return &q_scalar;
 }
 
-_Static_assert((int)LKS__QWROWS <= (int)LKS__QROWS, "one output buffer serves both kernels");
+
+_Static_assert((int)LKS__QGRID == (int)LKS__QROWS, "one output buffer serves grids and rows");
 
 // Row r's scales as the dot kernels take them.
 static const void *row_scales(const lks__qweight *w, int64_t r) {
@@ -774,13 +818,17 @@ static void quant_rows_blocked(const lks__quant_kernels *k, const lks__qweight *
   const bool nv = w->qs == LKS_Q_NVFP4;
   const int64_t row_bytes = nv ? K / 2 : K;
   const int64_t rb = row_bytes >= 16384 ? 1 : 16384 / (row_bytes > 0 ? row_bytes : 1);
-  // NVFP4 where the level has it: each group of activation rows split once for the block
-  // (nvfp4_split), not once per weight row inside the kernel. Without the memory, as before.
-  const int64_t sl = lks__nvfp4_split_len(K);
-  float *split = nv && k->nvfp4_split && r1 - r0 > 1
-                     ? malloc((size_t)(LKS__QROWS * sl) * sizeof *split)
-                     : NULL;
+  // Where the level has it, activation rows split once, not once per weight row inside the
+  // kernel: NVFP4 (nvfp4_split) each group for the block, FP8 (fp8_split) all n rows for all
+  // blocks (split for each block, the split cost prefill 15 %). Without the memory, as the
+  // kernels on x.
+  const lks__qsplit_fn splitter = nv ? (r1 - r0 > 1 ? k->nvfp4_split : NULL) : k->fp8_split;
+  const int64_t sl = nv ? lks__nvfp4_split_len(K) : lks__fp8_split_len(K);
+  float *split = splitter ? malloc((size_t)((nv ? LKS__QROWS : n) * sl) * sizeof *split) : NULL;
   const lks__qdot_nvfp4_fn nvdot = split ? k->nvfp4_xs : k->nvfp4;
+  const bool grid = !nv && split;  // fp8_grid: LKS__QGRID / nx weight rows at a time
+  for (int64_t t = 0; grid && t < n; t++) splitter(x + t * ldx, K, split + t * sl);
+  const int64_t pf = row_bytes >= 8192 ? 1 : 8192 / (row_bytes > 0 ? row_bytes : 1);
   for (int64_t b0 = r0; b0 < r1; b0 += rb) {
     int64_t b1 = b0 + rb < r1 ? b0 + rb : r1;
     for (int64_t t0 = 0; t0 < n; t0 += LKS__QROWS) {
@@ -788,23 +836,38 @@ static void quant_rows_blocked(const lks__quant_kernels *k, const lks__qweight *
       const float *xs[LKS__QROWS];
       for (int i = 0; i < nx; i++) {
         xs[i] = x + (t0 + i) * ldx;
-        if (split) {
-          k->nvfp4_split(xs[i], K, split + i * sl);
+        if (grid) {
+          xs[i] = split + (t0 + i) * sl;
+        } else if (split) {
+          splitter(xs[i], K, split + i * sl);
           xs[i] = split + i * sl;
         }
       }
-      for (int64_t r = b0; r < b1; r++) {
-        const uint8_t *codes = w->codes + r * w->ld;
-        float d[LKS__QROWS], b = bias ? bias[r] : 0.0f;
-        if (nv) {
-          nvdot(codes, row_scales(w, r), xs, nx, K, d);
+      const int64_t rw = grid ? LKS__QGRID / nx : 1;
+      for (int64_t r = b0; r < b1; r += rw) {
+        int nw = b1 - r < rw ? (int)(b1 - r) : (int)rw;
+        float d[LKS__QROWS];  // LKS__QGRID pairs or LKS__QROWS rows (the same: asserted)
+        if (grid) {
+          const uint8_t *codes[LKS__QGRID], *ahead[LKS__QGRID];
+          const float *sc[LKS__QGRID];
+          for (int i = 0; i < nw; i++) {
+            codes[i] = w->codes + (r + i) * w->ld;
+            sc[i] = row_scales(w, r + i);
+            ahead[i] = r + i + pf < r1 ? codes[i] + pf * w->ld : codes[i];
+          }
+          k->fp8_grid(codes, ahead, sc, blk, xs, nw, nx, K, d);
+        } else if (nv) {
+          nvdot(w->codes + r * w->ld, row_scales(w, r), xs, nx, K, d);
           for (int i = 0; i < nx; i++) d[i] *= w->global;
         } else {
-          k->fp8(codes, row_scales(w, r), blk, xs, nx, K, d);
+          k->fp8(w->codes + r * w->ld, row_scales(w, r), blk, xs, nx, K, d);
         }
-        for (int i = 0; i < nx; i++) {
-          float *o = out + (t0 + i) * ldo + r;
-          *o = accumulate ? *o + d[i] + b : d[i] + b;
+        for (int j = 0; j < nw; j++) {
+          float b = bias ? bias[r + j] : 0.0f;
+          for (int i = 0; i < nx; i++) {
+            float *o = out + (t0 + i) * ldo + r + j;
+            *o = accumulate ? *o + d[j * nx + i] + b : d[j * nx + i] + b;
+          }
         }
       }
     }
@@ -842,11 +905,17 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
   // thread, six alternated runs of build/kernel_bench 131072 1024: 8.3-10.2 -> 6.4-7.8 ms
   // (NVFP4 4.6-6.9 -> 4.7-6.0; air-1g FP8 decode at 2 threads, eight alternated rounds,
   // medians 134 -> 141 tokens/s, within this host's noise).
+  // FP8 on AVX-512: x split once for the product, then LKS__QGRID weight rows a call
+  // (fp8_avx512_g: air-1g FP8 decode, 2 threads, three alternated rounds 121-146 -> 140-172
+  // tokens/s; 1 thread 77-88 -> 94-124).
   // One activation row (decode) with a several-row kernel: LKS__QWROWS weight rows at a time,
   // each as the one-row kernel computes it, with four rows' loads in flight (air-1g decode, this
   // host, six alternated pairs: FP8 blocks 98-123 -> 105-129 tokens/s, 5 pairs of 6 faster;
   // NVFP4 109-131 -> 125-144, 6 of 6; the same speed as one row at a time in cache).
-  const int64_t step = (nv ? k->nvfp4_w != NULL : k->fp8_w != NULL) ? LKS__QWROWS : 1;
+  const bool grid = !nv && k->fp8_grid;  // FP8 where x is split: LKS__QGRID rows by one
+  const int64_t step = grid                                        ? LKS__QGRID
+                       : (nv ? k->nvfp4_w != NULL : k->fp8_w != NULL) ? LKS__QWROWS
+                                                                      : 1;
   // At least a call's rows ahead: with rows over 2 KB (FP8 at K = 4096, GLM-4.5-Air's hidden
   // size) 8 KB is fewer rows than a call reads, and the fetch fell on rows the call was reading
   // already. Out of cache, one thread, FP8 blocks, two alternated runs: K = 4096 12.3-14.1 ->
@@ -855,11 +924,28 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
   const int64_t row_bytes = nv ? K / 2 : K;
   int64_t pf = row_bytes >= 8192 ? 1 : 8192 / (row_bytes > 0 ? row_bytes : 1);
   if (pf < step) pf = step;
+  // FP8 where the level splits x (fp8_split): once for the product's rows, on the stack up to
+  // GLM's widths, else on the heap (rows of over 8 KB: the copy is small beside them).
+  float stack_xs[16384 + 32], *heap_xs = NULL;
+  const float *xw = x;
+  if (grid) {
+    int64_t sl = lks__fp8_split_len(K);
+    float *buf = sl <= (int64_t)(sizeof stack_xs / sizeof *stack_xs)
+                     ? stack_xs
+                     : (heap_xs = malloc((size_t)sl * sizeof *heap_xs));
+    if (!buf) {  // without the memory: one row at a time, as levels without fp8_w
+      for (int64_t r = r0; r < r1; r++)
+        quant_rows_blocked(k, w, r, r + 1, x, ldx, 1, bias, out, ldo, accumulate);
+      return;
+    }
+    k->fp8_split(x, K, buf);
+    xw = buf;
+  }
   for (int64_t r = r0; r < r1; r += step) {
     int nw = r1 - r < step ? (int)(r1 - r) : (int)step;
-    const uint8_t *codes[LKS__QWROWS];
-    const void *sc[LKS__QWROWS];
-    const uint8_t *ahead[LKS__QWROWS];
+    const uint8_t *codes[LKS__QGRID];
+    const void *sc[LKS__QGRID];
+    const uint8_t *ahead[LKS__QGRID];
     for (int i = 0; i < nw; i++) {
       codes[i] = w->codes + (r + i) * w->ld;
       sc[i] = row_scales(w, r + i);
@@ -869,12 +955,13 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
       ahead[i] = a < r1                           ? codes[i] + pf * w->ld
                  : w->next && a - r1 < w->next_rows ? w->next + (a - r1) * w->ld
                                                     : codes[i];
-      if (!(step > 1 && k->w_ahead) && ahead[i] != codes[i])
+      if (!(step > 1 && (grid || k->w_ahead)) && ahead[i] != codes[i])
         for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(ahead[i] + c);
     }
-    float d[LKS__QROWS];
+    float d[LKS__QGRID];
     if (step > 1) {
       if (nv) k->nvfp4_w(codes, ahead, (const uint8_t *const *)sc, x, nw, K, d);
+      else if (grid) k->fp8_grid(codes, ahead, (const float *const *)sc, blk, &xw, nw, 1, K, d);
       else k->fp8_w(codes, ahead, (const float *const *)sc, blk, x, nw, K, d);
       for (int i = 0; i < nw; i++) {
         float b = bias ? bias[r + i] : 0.0f, v = nv ? d[i] * w->global : d[i];
@@ -885,6 +972,7 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
     }
     quant_rows_blocked(k, w, r, r + 1, x, ldx, 1, bias, out, ldo, accumulate);
   }
+  free(heap_xs);
 }
 
 void lks__quant_row_f32(const lks__qweight *w, int64_t r, float *dst) {

@@ -18,11 +18,12 @@
 
 #include "core/backend.h"
 
-// Six: the AVX-512 FP8 kernel's 2 x 6 block sums and 2 x 6 running totals fill 24 of the 32
-// registers, and each weight chunk converted once serves six rows (against four, air-1g prefill
+// Eight: the AVX-512 FP8 kernel's 8 block sums and 8 running totals fill 16 of the 32
+// registers, and each weight chunk converted once serves eight rows (four -> six: air-1g prefill
 // 512, 2 threads, three alternated rounds: FP8 blocks 272-328 -> 318-343 tokens/s, NVFP4
-// 296-300 -> 312-363).
-enum { LKS__QROWS = 6 };
+// 296-300 -> 312-363; six -> eight with FP8's one block sum a row, whose two dependent FMAs a
+// step left the FMA units waiting with six).
+enum { LKS__QROWS = 8 };
 
 // out[t] = sum_k deq(w[k]) * x[t][k], t < nx <= LKS__QROWS, K columns.
 // fp8: deq = e4m3(w[k]) * bscale[k / blk] (blk: 128 for blocks, K for one scale per row).
@@ -47,10 +48,21 @@ typedef void (*lks__qdot_nvfp4_w_fn)(const uint8_t *const *w, const uint8_t *con
                                      const uint8_t *const *gscale, const float *x, int nw,
                                      int64_t K, float *out);
 
-// NVFP4 with the activation rows prepared once for many weight rows (prefill, batches):
-// split(x, K, xs) writes x's columns in the order the kernel reads them (lks__nvfp4_split_len(K)
-// floats), and nvfp4_xs takes such rows in place of x, out[t] bit for bit what nvfp4 gives.
+// Activation rows prepared once for many weight rows: split(x, K, xs) writes x's columns in the
+// order the kernel reads them, and the _xs kernels take such rows in place of x, out[t] bit for
+// bit what the kernel on x gives.
+// NVFP4 (prefill, batches): nvfp4_split, lks__nvfp4_split_len(K) floats, for nvfp4_xs.
+// FP8 (every product, decode included): fp8_split, lks__fp8_split_len(K) floats, for fp8_grid.
 typedef void (*lks__qsplit_fn)(const float *x, int64_t K, float *xs);
+
+// FP8, nw weight rows by nx split activation rows at once (nw * nx <= LKS__QGRID):
+// out[i * nx + t] = sum_k deq(w[i][k]) * x[t][k], every pair's arithmetic that of nw = nx = 1
+// (and `ahead` as for fp8_w).
+enum { LKS__QGRID = 8 };
+typedef void (*lks__qdot_fp8_grid_fn)(const uint8_t *const *w, const uint8_t *const *ahead,
+                                      const float *const *bscale, int64_t blk,
+                                      const float *const *xs, int nw, int nx, int64_t K,
+                                      float *out);
 
 typedef struct lks__quant_kernels {
   const char *name;  // "scalar", "avx2", "avx512", "neon"
@@ -61,10 +73,14 @@ typedef struct lks__quant_kernels {
   bool w_ahead;                  // fp8_w and nvfp4_w fetch `ahead` (else they ignore it)
   lks__qsplit_fn nvfp4_split;    // may be NULL (then nvfp4_xs is NULL too)
   lks__qdot_nvfp4_fn nvfp4_xs;
+  lks__qsplit_fn fp8_split;      // may be NULL (then fp8_grid is NULL too)
+  lks__qdot_fp8_grid_fn fp8_grid;
 } lks__quant_kernels;
 
 // Floats of one split row of K columns (K a multiple of 16): 32 per two groups, rounded up.
 static inline int64_t lks__nvfp4_split_len(int64_t K) { return (K / 16 + 1) / 2 * 32; }
+// FP8: the same for the first K / 16 * 16 columns, then the K % 16 others as they are.
+static inline int64_t lks__fp8_split_len(int64_t K) { return lks__nvfp4_split_len(K) + K % 16; }
 
 const lks__quant_kernels *lks__quant_kernels_get(const char *name);
 const lks__quant_kernels *lks__quant_kernels_best(void);

@@ -132,7 +132,7 @@ static const char *levels[] = TU_SIMD_LEVELS;
 
 START_TEST(test_kernels) {
   uint64_t rs = 12345;
-  const int64_t Ks[] = {16, 128, 192, 528, 1024, 200, 2 * 1408 + 8};
+  const int64_t Ks[] = {8, 16, 24, 128, 192, 280, 528, 1024, 200, 2 * 1408 + 8};
   for (int lv = 0; lv < TU_N_SIMD_LEVELS; lv++) {
     const lks__quant_kernels *k = lks__quant_kernels_get(levels[lv]);
     if (!k) continue;
@@ -190,7 +190,7 @@ END_TEST
 // kernel (checked against double precision above) gives for it, for every row count.
 START_TEST(test_row_kernels) {
   uint64_t rs = 777;
-  const int64_t Ks[] = {16, 128, 200, 528, 1024, 2 * 1408 + 8};
+  const int64_t Ks[] = {8, 16, 24, 128, 200, 280, 528, 1024, 2 * 1408 + 8};
   enum { W = LKS__QWROWS };
   for (int lv = 0; lv < TU_N_SIMD_LEVELS; lv++) {
     const lks__quant_kernels *k = lks__quant_kernels_get(levels[lv]);
@@ -234,6 +234,51 @@ START_TEST(test_row_kernels) {
       }
       for (int r = 0; r < W; r++) free(w[r]), free(gs[r]);
       free(x);
+    }
+  }
+}
+END_TEST
+
+// FP8 grids (nw weight rows by nx split activation rows): each pair bit for bit what the one-row
+// kernel on x (checked against double precision above) gives for it, for every shape.
+START_TEST(test_grid_kernels) {
+  uint64_t rs = 4242;
+  const int64_t Ks[] = {8, 16, 24, 128, 200, 280, 528, 1024, 2 * 1408 + 8};
+  enum { G = LKS__QGRID };
+  for (int lv = 0; lv < TU_N_SIMD_LEVELS; lv++) {
+    const lks__quant_kernels *k = lks__quant_kernels_get(levels[lv]);
+    if (!k || !k->fp8_grid) continue;
+    for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+      int64_t K = Ks[ki], sl = lks__fp8_split_len(K);
+      uint8_t *w[G];
+      float *x[G], *split[G], bs[G][32], out[G], one;
+      const float *bsp[G];
+      for (int i = 0; i < G; i++) {
+        w[i] = malloc((size_t)K);
+        x[i] = malloc((size_t)K * sizeof(float));
+        split[i] = malloc((size_t)sl * sizeof(float));
+        for (int64_t c = 0; c < K; c++) w[i][c] = rand_e4m3(&rs), x[i][c] = tu_randf(&rs) * 3;
+        for (int b = 0; b < 32; b++) bs[i][b] = (float)(0.001 + 0.01 * fabs(tu_randf(&rs)));
+        bsp[i] = bs[i];
+        k->fp8_split(x[i], K, split[i]);
+      }
+      const uint8_t *const *wc = (const uint8_t *const *)w;
+      for (int nx = 1; nx <= G; nx++)
+        for (int nw = 1; nw * nx <= G; nw++)
+          for (int blk = 0; blk < 2; blk++) {
+            int64_t B = blk ? 128 : K;
+            k->fp8_grid(wc, wc, bsp, B, (const float *const *)split, nw, nx, K, out);
+            for (int i = 0; i < nw; i++)
+              for (int t = 0; t < nx; t++) {
+                const float *xt[1] = {x[t]};
+                k->fp8(w[i], bs[i], B, xt, 1, K, &one);
+                ck_assert_msg(memcmp(&out[i * nx + t], &one, sizeof one) == 0,
+                              "%s fp8 grid %dx%d K=%lld blk=%lld, pair %d,%d: %a vs %a alone",
+                              levels[lv], nw, nx, (long long)K, (long long)B, i, t,
+                              out[i * nx + t], one);
+              }
+          }
+      for (int i = 0; i < G; i++) free(w[i]), free(x[i]), free(split[i]);
     }
   }
 }
@@ -340,6 +385,7 @@ int main(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_kernels);
   tcase_add_test(tc, test_row_kernels);
+  tcase_add_test(tc, test_grid_kernels);
   tcase_add_test(tc, test_batch_invariance);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
