@@ -791,7 +791,6 @@ const lks__quant_kernels *lks__quant_kernels_best(void) {
   return &q_scalar;
 }
 
-
 _Static_assert((int)LKS__QGRID == (int)LKS__QROWS, "one output buffer serves grids and rows");
 
 // Row r's scales as the dot kernels take them.
@@ -819,15 +818,17 @@ static void quant_rows_blocked(const lks__quant_kernels *k, const lks__qweight *
   const int64_t row_bytes = nv ? K / 2 : K;
   const int64_t rb = row_bytes >= 16384 ? 1 : 16384 / (row_bytes > 0 ? row_bytes : 1);
   // Where the level has it, activation rows split once, not once per weight row inside the
-  // kernel: NVFP4 (nvfp4_split) each group for the block, FP8 (fp8_split) all n rows for all
-  // blocks (split for each block, the split cost prefill 15 %). Without the memory, as the
-  // kernels on x.
+  // kernel: each group for the block (NVFP4: nvfp4_split), or all n rows for all blocks (FP8:
+  // fp8_split, up to 8 MB of them; split for each block, the split cost prefill 15 %). Without
+  // the memory, as the kernels on x (FP8 then the portable kernel's arithmetic).
   const lks__qsplit_fn splitter = nv ? (r1 - r0 > 1 ? k->nvfp4_split : NULL) : k->fp8_split;
   const int64_t sl = nv ? lks__nvfp4_split_len(K) : lks__fp8_split_len(K);
-  float *split = splitter ? malloc((size_t)((nv ? LKS__QROWS : n) * sl) * sizeof *split) : NULL;
+  const bool whole = !nv && n * sl <= ((int64_t)8 << 20) / (int64_t)sizeof(float);
+  float *split =
+      splitter ? malloc((size_t)((whole ? n : LKS__QROWS) * sl) * sizeof *split) : NULL;
   const lks__qdot_nvfp4_fn nvdot = split ? k->nvfp4_xs : k->nvfp4;
   const bool grid = !nv && split;  // fp8_grid: LKS__QGRID / nx weight rows at a time
-  for (int64_t t = 0; grid && t < n; t++) splitter(x + t * ldx, K, split + t * sl);
+  for (int64_t t = 0; grid && whole && t < n; t++) splitter(x + t * ldx, K, split + t * sl);
   const int64_t pf = row_bytes >= 8192 ? 1 : 8192 / (row_bytes > 0 ? row_bytes : 1);
   for (int64_t b0 = r0; b0 < r1; b0 += rb) {
     int64_t b1 = b0 + rb < r1 ? b0 + rb : r1;
@@ -836,7 +837,7 @@ static void quant_rows_blocked(const lks__quant_kernels *k, const lks__qweight *
       const float *xs[LKS__QROWS];
       for (int i = 0; i < nx; i++) {
         xs[i] = x + (t0 + i) * ldx;
-        if (grid) {
+        if (grid && whole) {
           xs[i] = split + (t0 + i) * sl;
         } else if (split) {
           splitter(xs[i], K, split + i * sl);

@@ -284,6 +284,35 @@ START_TEST(test_grid_kernels) {
 }
 END_TEST
 
+// FP8 products over more activation rows than are split at once (n * split row over 8 MB:
+// split by groups instead): every row bit for bit what it gives alone.
+START_TEST(test_big_batch) {
+  uint64_t rs = 31337;
+  enum { M = 8, N = 140 };
+  const int64_t K = 16000;  // 140 rows of 16000 columns: 2.24 M floats split
+  for (int lv = 0; lv < TU_N_SIMD_LEVELS; lv++) {
+    const lks__quant_kernels *k = lks__quant_kernels_get(levels[lv]);
+    if (!k) continue;
+    ck_assert(N * lks__fp8_split_len(K) > (8 << 20) / 4);
+    uint8_t *codes = malloc((size_t)(M * K));
+    float *x = malloc((size_t)(N * K) * sizeof *x), bs[(16000 + 127) / 128];  // M < 128: one row
+    float *batch = malloc((size_t)(N * M) * sizeof *batch), alone[M];
+    for (int64_t i = 0; i < M * K; i++) codes[i] = rand_e4m3(&rs);
+    for (int64_t i = 0; i < N * K; i++) x[i] = tu_randf(&rs);
+    for (int64_t b = 0; b < (K + 127) / 128; b++) bs[b] = (float)(0.001 + 0.01 * tu_randf(&rs));
+    lks__qweight w = {.qs = LKS_Q_FP8_BLOCK, .codes = codes, .ld = K, .scales = bs,
+                      .sld = (K + 127) / 128, .global = 1.0f, .rows = M, .cols = K};
+    lks__quant_matmul_rows(k, &w, 0, M, x, K, N, NULL, batch, M, false);
+    for (int t = 0; t < N; t++) {
+      lks__quant_matmul_rows(k, &w, 0, M, x + t * K, K, 1, NULL, alone, M, false);
+      ck_assert_msg(memcmp(alone, batch + t * M, sizeof alone) == 0,
+                    "%s: row %d of a batch of %d differs from it alone", levels[lv], t, N);
+    }
+    free(codes), free(x), free(batch);
+  }
+}
+END_TEST
+
 // A random quantized weight [M, K] of scheme qs on backend `be`.
 static lks_tensor make_q(lks_backend *be, lks_qscheme qs, int64_t M, int64_t K, uint64_t *rs,
                          void **keep) {
@@ -386,6 +415,7 @@ int main(void) {
   tcase_add_test(tc, test_kernels);
   tcase_add_test(tc, test_row_kernels);
   tcase_add_test(tc, test_grid_kernels);
+  tcase_add_test(tc, test_big_batch);
   tcase_add_test(tc, test_batch_invariance);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
