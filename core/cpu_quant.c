@@ -906,7 +906,7 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
   // thread, six alternated runs of build/kernel_bench 131072 1024: 8.3-10.2 -> 6.4-7.8 ms
   // (NVFP4 4.6-6.9 -> 4.7-6.0; air-1g FP8 decode at 2 threads, eight alternated rounds,
   // medians 134 -> 141 tokens/s, within this host's noise).
-  // FP8 on AVX-512: x split once for the product, then LKS__QGRID weight rows a call
+  // FP8 on AVX-512: x split once for the call's rows, then LKS__QGRID weight rows a call
   // (fp8_avx512_g: air-1g FP8 decode, 2 threads, three alternated rounds 121-146 -> 140-172
   // tokens/s; 1 thread 77-88 -> 94-124).
   // One activation row (decode) with a several-row kernel: LKS__QWROWS weight rows at a time,
@@ -956,7 +956,7 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
       ahead[i] = a < r1                           ? codes[i] + pf * w->ld
                  : w->next && a - r1 < w->next_rows ? w->next + (a - r1) * w->ld
                                                     : codes[i];
-      if (!(step > 1 && (grid || k->w_ahead)) && ahead[i] != codes[i])
+      if (!(step > 1 && k->w_ahead) && ahead[i] != codes[i])
         for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(ahead[i] + c);
     }
     float d[LKS__QGRID];

@@ -49,8 +49,8 @@ typedef void (*lks__qdot_nvfp4_w_fn)(const uint8_t *const *w, const uint8_t *con
                                      int64_t K, float *out);
 
 // Activation rows prepared once for many weight rows: split(x, K, xs) writes x's columns in the
-// order the kernel reads them, and the _xs kernels take such rows in place of x, out[t] bit for
-// bit what the kernel on x gives.
+// order the kernel reads them, and the kernels below take such rows in place of x, out[t] bit
+// for bit what the kernel on x gives.
 // NVFP4 (prefill, batches): nvfp4_split, lks__nvfp4_split_len(K) floats, for nvfp4_xs.
 // FP8 (every product, decode included): fp8_split, lks__fp8_split_len(K) floats, for fp8_grid.
 typedef void (*lks__qsplit_fn)(const float *x, int64_t K, float *xs);
@@ -70,7 +70,7 @@ typedef struct lks__quant_kernels {
   lks__qdot_nvfp4_fn nvfp4;
   lks__qdot_fp8_w_fn fp8_w;      // may be NULL
   lks__qdot_nvfp4_w_fn nvfp4_w;  // may be NULL
-  bool w_ahead;                  // fp8_w and nvfp4_w fetch `ahead` (else they ignore it)
+  bool w_ahead;                  // fp8_w, nvfp4_w, fp8_grid fetch `ahead` (else ignore it)
   lks__qsplit_fn nvfp4_split;    // may be NULL (then nvfp4_xs is NULL too)
   lks__qdot_nvfp4_fn nvfp4_xs;
   lks__qsplit_fn fp8_split;      // may be NULL (then fp8_grid is NULL too)
