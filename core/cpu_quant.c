@@ -3,15 +3,16 @@
 //
 // FP8 (E4M3 "fn"): a code's bits placed in an IEEE half (sign to bit 15, exponent and mantissa
 // to bits 13..7) read 2^-8 times the E4M3 value, for normal and subnormal codes alike, and the
-// hardware's half-to-float conversion (F16C; FCVTL on arm64) makes it an f32 exactly, without the microcode
-// assists that f32 subnormals would cost. The products with x are summed per 128-column block
-// (or over the whole row for per-row scales) and each block's partial sum is multiplied by its
-// scale times 2^8: sum_b (256 s_b) * (sum_{k in b} 2^-8 e4m3(w_k) x_k). The AVX-512 kernels place
-// the bits in a BF16 instead (fp8_pair, below). NaN codes (never written by a quantizer) are not
-// detected here.
-// NVFP4: the 16 E2M1 values are a lookup table (a permute on AVX-512, below; the 8 magnitudes and a
-// sign bit on AVX2; TBL of twice the values as bytes on NEON); each group's values are multiplied by its E4M3 scale (exact: 2- and 4-bit
-// mantissas) before the FMA with x.
+// hardware's half-to-float conversion (F16C; FCVTL on arm64) makes it an f32 exactly, without
+// the microcode assists that f32 subnormals would cost. The products with x are summed per
+// 128-column block (or over the whole row for per-row scales) and each block's partial sum is
+// multiplied by its scale times 2^8: sum_b (256 s_b) * (sum_{k in b} 2^-8 e4m3(w_k) x_k). The
+// AVX-512 kernels place the bits in a BF16 instead (fp8_pair, below). NaN codes (never written
+// by a quantizer) are not detected here.
+// NVFP4: the 16 E2M1 values are a lookup table (a permute on AVX-512; the 8 magnitudes and a
+// sign bit on AVX2; TBL of twice the values as bytes on NEON). Each group's values are multiplied
+// by its E4M3 scale (exact: 2- and 4-bit mantissas) before the FMA with x; on AVX-512 the scale
+// multiplies a lane's sum of 8 products instead (nvfp4_avx512_g, below).
 #include "core/cpu_quant.h"
 
 #include <pthread.h>
@@ -264,28 +265,10 @@ AVX2 static void nvfp4_avx2_rows(const uint8_t *const *w, const uint8_t *const *
   if (r < nw) nvfp4_avx2_w(w + r, gs + r, x, K, out + r, 1);
 }
 
-// ---- AVX-512: 16 columns a vector, two accumulators a row, up to four rows ----
-
-// NVFP4 on AVX-512, 32 columns (two groups, 16 code bytes) a step. Byte i's low nibble is
-// column 2i, its high nibble column 2i+1: the bytes widened to 32 bits are the permute's
-// indices for the even columns as they are (it reads the low four bits) and, shifted by 4, for
-// the odd ones, so the codes are never duplicated; x is split into its even and odd columns
-// instead (two permutes a step and activation row, shared by every weight row of a call). Per
-// step:
-//   acc = (e2m1(lo) * s) * x_even + acc,   acc = (e2m1(hi) * s) * x_odd + acc
-// where s holds each lane's group scale (the step's two groups' in lanes 0-7 and 8-15, two
-// broadcasts of a table entry, no permute). The steps alternate between two accumulators; a
-// row's last group, when the row has an odd number, is a half step into the second: its other
-// group is zero codes, zero columns and a zero scale (NV_STEPS).
-
-// One step's codes: 16 bytes, or 8 (the upper 8 zero) for a row's odd last group.
-AVX512 INLINE __m512i nv_codes(const uint8_t *p, bool half) {
-  return _mm512_cvtepu8_epi32(half ? _mm_loadl_epi64((const __m128i *)p)
-                                   : _mm_loadu_si128((const __m128i *)p));
-}
+// ---- AVX-512: 16 columns a vector ----
 
 // x's columns c .. c + 31 (c .. c + 15 and zeros for a half step) split into even and odd.
-AVX512 INLINE void nv_x(const float *x, bool half, __m512 *xe, __m512 *xo) {
+AVX512 INLINE void even_odd(const float *x, bool half, __m512 *xe, __m512 *xo) {
   const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
   __m512 x0 = _mm512_loadu_ps(x), x1 = half ? _mm512_setzero_ps() : _mm512_loadu_ps(x + 16);
@@ -293,112 +276,196 @@ AVX512 INLINE void nv_x(const float *x, bool half, __m512 *xe, __m512 *xo) {
   *xo = _mm512_permutex2var_ps(x0, io, x1);
 }
 
-// The scales of groups g and g + 1 in lanes 0-7 and 8-15 (zero for g + 1 in a half step).
-AVX512 INLINE __m512 nv_scale2(const uint8_t *gs, int64_t g, bool half) {
-  __m512 s = _mm512_set1_ps(e4m3_lut[gs[g]]);
-  return half ? _mm512_maskz_mov_ps(0x00FF, s)
-              : _mm512_mask_mov_ps(s, 0xFF00, _mm512_set1_ps(e4m3_lut[gs[g + 1]]));
+// NVFP4 on AVX-512, 128 columns (8 groups, 64 code bytes: one cache line a row) a step. The
+// line loaded as 16 32-bit lanes puts columns 8i .. 8i + 7 in lane i (4 bytes, low nibble
+// first), all of group i / 2; the permute reads a lane's low 4 bits, so the lanes shifted right
+// by 4m index column 8i + m's E2M1 value in the 16-entry table: 7 shifts and 8 permutes a step,
+// no widening of bytes. x is split once for many weight rows into that order (vector m of a
+// step: columns 8i + m, times 2^64; nvfp4_avx512_split). A lane's 8 products are summed before
+// its group's scale multiplies them once:
+//   acc = (sum_m e2m1(c_m) * (2^64 x_m)) * (2^-120 s) + acc
+// where 2^-120 s is the scale's E4M3 bits placed in an f32 (exponent and mantissa at bits
+// 26..20, sign at 31: exact for normal and subnormal scales alike; NaN codes are not detected),
+// and the row's total times 2^56 is the product: 9 FMAs a row for 128 weights, where scaling
+// each weight before its FMA took 16, and the scales' conversion is 4 vector operations a step
+// where each group took two table lookups. The products are exact but for f32 roundings of the
+// sums (|x| >= 2^57 would overflow: no activation is; a step's partial sum under 2^-70 loses
+// bits to f32 subnormals). A row's last step, K % 128 columns (whole groups), loads only its
+// codes and scales (masked) against zero columns of x. One thread, decode's path (x split, 8
+// rows a call), 352 x 1024: 15 -> 25 G weights/s in cache, 14.5 -> 17-20 out of it (131072
+// rows), against the kernel that scaled each weight, 32 columns a step, four rows a call.
+#define NV_X_SCALE 0x1p64f
+#define NV_OUT_SCALE 0x1p56f
+
+// A step's 8 group scales as 2^-120 s, group i / 2's in lane i (ng < 8: the first ng only): the
+// 8 bytes in every 64 bits, each 128 bits' shuffle putting the byte of lane i at its bits 24..31,
+// shifted right by 4 with the sign and masked.
+AVX512 INLINE __m512 nv_scales(const uint8_t *gs, bool full, int ng) {
+  const __m512i pick = _mm512_set_epi32(
+      0x07808080, 0x07808080, 0x06808080, 0x06808080, 0x05808080, 0x05808080, 0x04808080,
+      0x04808080, 0x03808080, 0x03808080, 0x02808080, 0x02808080, 0x01808080, 0x01808080,
+      0x00808080, 0x00808080);
+  uint64_t b8;
+  if (full) memcpy(&b8, gs, 8);
+  __m512i b = full ? _mm512_set1_epi64((long long)b8)
+                   : _mm512_broadcastq_epi64(_mm_maskz_loadu_epi8((__mmask16)((1u << ng) - 1), gs));
+  __m512i d = _mm512_srai_epi32(_mm512_shuffle_epi8(b, pick), 4);
+  return _mm512_castsi512_ps(_mm512_and_si512(d, _mm512_set1_epi32((int)0x87F00000)));
 }
 
-// One step's weights: e2m1 of the low nibbles (even columns) and of the high ones (odd columns)
-// times their group's scale (exact: 2- and 4-bit mantissas).
-AVX512 INLINE void nv_weights(__m512i c, __m512 lut, __m512 s, __m512 *lo, __m512 *hi) {
-  *lo = _mm512_mul_ps(_mm512_permutexvar_ps(c, lut), s);
-  *hi = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), lut), s);
-}
-
-// acc + lo * xe + hi * xo: the arithmetic of every NVFP4 step.
-AVX512 INLINE __m512 nv_fma(__m512 lo, __m512 hi, __m512 xe, __m512 xo, __m512 acc) {
-  return _mm512_fmadd_ps(hi, xo, _mm512_fmadd_ps(lo, xe, acc));
-}
-
-// The steps of a row of G groups, each STEP(g, half, A) with A a constant (the accumulators stay
-// in registers): pairs of groups alternating between accumulators 0 and 1, a last pair into 0,
-// an odd last group into 1.
-#define NV_STEPS(STEP, G)            \
-  do {                               \
-    int64_t g_ = 0;                  \
-    for (; g_ + 4 <= (G); g_ += 4) { \
-      STEP(g_, false, 0);            \
-      STEP(g_ + 2, false, 1);        \
-    }                                \
-    if (g_ + 2 <= (G)) {             \
-      STEP(g_, false, 0);            \
-      g_ += 2;                       \
-    }                                \
-    if (g_ < (G)) STEP(g_, true, 1); \
-  } while (0)
-
-// One step of the NX-row kernel into accumulator A; XS: the rows are split already
-// (nvfp4_avx512_split), nv_x's values loaded instead of permuted.
-#define NV_N_STEP(g, half, A)                                                               \
-  do {                                                                                      \
-    __m512 lo_, hi_;                                                                        \
-    nv_weights(nv_codes(w + (g) * 8, half), lut, nv_scale2(gs, g, half), &lo_, &hi_);       \
-    LKS_UNROLL                                                                              \
-    for (int t = 0; t < NX; t++) {                                                          \
-      __m512 xe, xo;                                                                        \
-      if (XS) {                                                                             \
-        xe = _mm512_loadu_ps(x[t] + (g) * 16);                                              \
-        xo = _mm512_loadu_ps(x[t] + (g) * 16 + 16);                                         \
-      } else {                                                                              \
-        nv_x(x[t] + (g) * 16, half, &xe, &xo);                                              \
-      }                                                                                     \
-      acc[t][A] = nv_fma(lo_, hi_, xe, xo, acc[t][A]);                                      \
-    }                                                                                       \
-  } while (0)
-
-AVX512 INLINE void nvfp4_avx512_n(const uint8_t *w, const uint8_t *gs, const float *const *x,
-                                  int64_t K, float *out, const int NX, const bool XS) {
-  const __m512 lut = _mm512_loadu_ps(e2m1_lut);
-  __m512 acc[LKS__QROWS][2];
+// The step at column c of RW weight rows by NX split activation rows (ng groups of it).
+AVX512 INLINE void nv_g_step(const uint8_t *const *w, const uint8_t *const *gs,
+                             const float *const *xs, int64_t c, bool full, int ng, __m512 lut,
+                             __m512 *acc, const int RW, const int NX) {
   LKS_UNROLL
-  for (int t = 0; t < NX; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
-  NV_STEPS(NV_N_STEP, K / 16);
-  LKS_UNROLL
-  for (int t = 0; t < NX; t++)
-    out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
-}
-
-AVX512 INLINE void nvfp4_avx512_nx(const uint8_t *w, const uint8_t *gs, const float *const *x,
-                                   int nx, int64_t K, float *out, const bool XS) {
-  switch (nx) {
-    case 1: nvfp4_avx512_n(w, gs, x, K, out, 1, XS); break;
-    case 2: nvfp4_avx512_n(w, gs, x, K, out, 2, XS); break;
-    case 3: nvfp4_avx512_n(w, gs, x, K, out, 3, XS); break;
-    case 4: nvfp4_avx512_n(w, gs, x, K, out, 4, XS); break;
-    case 5: nvfp4_avx512_n(w, gs, x, K, out, 5, XS); break;
-    case 6: nvfp4_avx512_n(w, gs, x, K, out, 6, XS); break;
-    case 7: nvfp4_avx512_n(w, gs, x, K, out, 7, XS); break;
-    default: nvfp4_avx512_n(w, gs, x, K, out, 8, XS); break;
+  for (int i = 0; i < RW; i++) {
+    const uint8_t *p = w[i] + c / 2;
+    __m512i v = full ? _mm512_loadu_si512(p)
+                     : _mm512_maskz_loadu_epi32((__mmask16)((1u << (2 * ng)) - 1), p);
+    __m512 s = nv_scales(gs[i] + c / 16, full, ng), wm[8];
+    wm[0] = _mm512_permutexvar_ps(v, lut);
+    LKS_UNROLL
+    for (int m = 1; m < 8; m++) wm[m] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * m), lut);
+    LKS_UNROLL
+    for (int t = 0; t < NX; t++) {
+      const float *x = xs[t] + c;
+      __m512 q = _mm512_mul_ps(wm[0], _mm512_loadu_ps(x));
+      LKS_UNROLL
+      for (int m = 1; m < 8; m++) q = _mm512_fmadd_ps(wm[m], _mm512_loadu_ps(x + 16 * m), q);
+      acc[i * NX + t] = _mm512_fmadd_ps(q, s, acc[i * NX + t]);
+    }
   }
 }
 
+// RW weight rows by NX split activation rows, RW * NX <= 8: out[i * NX + t], every pair's
+// arithmetic the same whatever RW and NX (one accumulator, the steps in order). Decode reads
+// eight rows' codes at once (as FP8's grids); a step's weights converted once serve its NX rows.
+AVX512 INLINE void nvfp4_avx512_g(const uint8_t *const *w, const uint8_t *const *ahead,
+                                  const uint8_t *const *gs, const float *const *xs, int64_t K,
+                                  float *out, const int RW, const int NX) {
+  const __m512 lut = _mm512_loadu_ps(e2m1_lut);
+  __m512 acc[8];
+  LKS_UNROLL
+  for (int j = 0; j < RW * NX; j++) acc[j] = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + 128 <= K; c += 128) {
+    if (ahead) {
+      LKS_UNROLL
+      for (int i = 0; i < RW; i++) _mm_prefetch((const char *)ahead[i] + c / 2, _MM_HINT_T0);
+    }
+    nv_g_step(w, gs, xs, c, true, 8, lut, acc, RW, NX);
+  }
+  if (c < K) nv_g_step(w, gs, xs, c, false, (int)(K - c) / 16, lut, acc, RW, NX);
+  LKS_UNROLL
+  for (int j = 0; j < RW * NX; j++) out[j] = _mm512_reduce_add_ps(acc[j]) * NV_OUT_SCALE;
+}
+
+#define NV_G(RW, NX) nvfp4_avx512_g(w, ahead, gs, xs, K, out, RW, NX)
+AVX512 static void nvfp4_avx512_grid(const uint8_t *const *w, const uint8_t *const *ahead,
+                                     const uint8_t *const *gs, const float *const *xs, int nw,
+                                     int nx, int64_t K, float *out) {
+  switch (nx) {
+    case 1:
+      switch (nw) {
+        case 1: NV_G(1, 1); break;
+        case 2: NV_G(2, 1); break;
+        case 3: NV_G(3, 1); break;
+        case 4: NV_G(4, 1); break;
+        case 5: NV_G(5, 1); break;
+        case 6: NV_G(6, 1); break;
+        case 7: NV_G(7, 1); break;
+        default: NV_G(8, 1); break;
+      }
+      break;
+    case 2:
+      switch (nw) {
+        case 1: NV_G(1, 2); break;
+        case 2: NV_G(2, 2); break;
+        case 3: NV_G(3, 2); break;
+        default: NV_G(4, 2); break;
+      }
+      break;
+    case 3:
+      if (nw == 1) NV_G(1, 3);
+      else NV_G(2, 3);
+      break;
+    case 4:
+      if (nw == 1) NV_G(1, 4);
+      else NV_G(2, 4);
+      break;
+    case 5: NV_G(1, 5); break;
+    case 6: NV_G(1, 6); break;
+    case 7: NV_G(1, 7); break;
+    default: NV_G(1, 8); break;
+  }
+}
+#undef NV_G
+
+// The 256-bit halves of a and b, a's low half then b's.
+AVX512 INLINE __m512 halves(__m256 a, __m256 b) {
+  return _mm512_castpd_ps(
+      _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(a)), _mm256_castps_pd(b), 1));
+}
+
+// x split for nvfp4_avx512_g: each 128 columns, read as 16 rows i of 8 columns m, transposed
+// (vector m: x[8i + m]) and times 2^64; the columns past K zero. Two 8 x 8 transposes at once,
+// rows i < 8 in the vectors' lower halves and i >= 8 in their upper ones.
+AVX512 static void nvfp4_avx512_split(const float *x, int64_t K, float *xs) {
+  const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+  const __m512i hi = _mm512_setr_epi32(4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+  const __m512 scale = _mm512_set1_ps(NV_X_SCALE);
+  for (int64_t c = 0; c < K; c += 128) {
+    float part[128];
+    const float *s = x + c;
+    if (c + 128 > K) {
+      memset(part, 0, sizeof part);
+      memcpy(part, s, (size_t)(K - c) * sizeof *x);
+      s = part;
+    }
+    __m512 z[8], t[8], u[8];
+    LKS_UNROLL
+    for (int r = 0; r < 8; r++)
+      z[r] = halves(_mm256_loadu_ps(s + 8 * r), _mm256_loadu_ps(s + 64 + 8 * r));
+    LKS_UNROLL
+    for (int r = 0; r < 8; r += 2) {
+      t[r] = _mm512_unpacklo_ps(z[r], z[r + 1]);
+      t[r + 1] = _mm512_unpackhi_ps(z[r], z[r + 1]);
+    }
+    LKS_UNROLL
+    for (int r = 0; r < 8; r += 4) {
+      u[r] = _mm512_shuffle_ps(t[r], t[r + 2], 0x44);
+      u[r + 1] = _mm512_shuffle_ps(t[r], t[r + 2], 0xEE);
+      u[r + 2] = _mm512_shuffle_ps(t[r + 1], t[r + 3], 0x44);
+      u[r + 3] = _mm512_shuffle_ps(t[r + 1], t[r + 3], 0xEE);
+    }
+    float *d = xs + c;
+    LKS_UNROLL
+    for (int m = 0; m < 4; m++) {
+      __m512 a = _mm512_permutex2var_ps(u[m], lo, u[m + 4]);
+      __m512 b = _mm512_permutex2var_ps(u[m], hi, u[m + 4]);
+      _mm512_storeu_ps(d + 16 * m, _mm512_mul_ps(a, scale));
+      _mm512_storeu_ps(d + 16 * (m + 4), _mm512_mul_ps(b, scale));
+    }
+  }
+}
+
+// x as it is: split here (the products split each row once for many weight rows instead).
 AVX512 static void nvfp4_avx512(const uint8_t *w, const uint8_t *gs, const float *const *x, int nx,
                                 int64_t K, float *out) {
-  nvfp4_avx512_nx(w, gs, x, nx, K, out, false);
-}
-
-AVX512 static void nvfp4_avx512_xs(const uint8_t *w, const uint8_t *gs, const float *const *x,
-                                   int nx, int64_t K, float *out) {
-  nvfp4_avx512_nx(w, gs, x, nx, K, out, true);
-}
-
-// x split once for many weight rows: each step's even columns then its odd ones, as nv_x
-// gives them (a row's odd last group as its half step), at float 16 * g for the step of group g.
-AVX512 static void nvfp4_avx512_split(const float *x, int64_t K, float *xs) {
-  int64_t G = K / 16, g = 0;
-  __m512 xe, xo;
-  for (; g + 2 <= G; g += 2) {
-    nv_x(x + g * 16, false, &xe, &xo);
-    _mm512_storeu_ps(xs + g * 16, xe);
-    _mm512_storeu_ps(xs + g * 16 + 16, xo);
+  const int64_t sl = lks__nvfp4_split_len(K);
+  float *buf = malloc((size_t)(nx * sl) * sizeof *buf);
+  const float *xs[LKS__QROWS];
+  if (!buf) {  // unreachable in practice: a few pages; the portable kernel needs none
+    nvfp4_scalar(w, gs, x, nx, K, out);
+    return;
   }
-  if (g < G) {
-    nv_x(x + g * 16, true, &xe, &xo);
-    _mm512_storeu_ps(xs + g * 16, xe);
-    _mm512_storeu_ps(xs + g * 16 + 16, xo);
+  for (int t = 0; t < nx; t++) {
+    nvfp4_avx512_split(x[t], K, buf + t * sl);
+    xs[t] = buf + t * sl;
   }
+  const uint8_t *wr[1] = {w}, *sr[1] = {gs};
+  nvfp4_avx512_grid(wr, NULL, sr, xs, 1, nx, K, out);
+  free(buf);
 }
 
 // FP8 on AVX-512, 32 columns a step: the 32 codes sign-extended to 16 bits and shifted left by
@@ -436,11 +503,11 @@ AVX512 static void fp8_avx512_split(const float *x, int64_t K, float *xs) {
   int64_t G = K / 16, g = 0;
   __m512 xe, xo;
   for (; g < G; g += 2) {
-    nv_x(x + g * 16, g + 1 == G, &xe, &xo);
+    even_odd(x + g * 16, g + 1 == G, &xe, &xo);
     _mm512_storeu_ps(xs + g * 16, _mm512_mul_ps(xe, s));
     _mm512_storeu_ps(xs + g * 16 + 16, _mm512_mul_ps(xo, s));
   }
-  memcpy(xs + lks__nvfp4_split_len(K), x + G * 16, (size_t)(K % 16) * sizeof *x);
+  memcpy(xs + lks__fp8_split_len(K) - K % 16, x + G * 16, (size_t)(K % 16) * sizeof *x);
 }
 
 // One step at column k of RW weight rows by NX activation rows.
@@ -471,7 +538,7 @@ AVX512 INLINE void fp8_avx512_g(const uint8_t *const *w, const uint8_t *const *a
                                 int64_t K, float *out, const int RW, const int NX) {
   __m512 acc[8], p[8];
   float tail[8] = {0};
-  const int64_t K16 = K / 16 * 16, tx = lks__nvfp4_split_len(K);
+  const int64_t K16 = K / 16 * 16, tx = lks__fp8_split_len(K) - K % 16;
   LKS_UNROLL
   for (int j = 0; j < RW * NX; j++) acc[j] = _mm512_setzero_ps();
   for (int64_t k0 = 0, b = 0; k0 < K; k0 += blk, b++) {
@@ -566,47 +633,6 @@ AVX512 static void fp8_avx512(const uint8_t *w, const float *bs, int64_t blk,
   free(buf);
 }
 
-// One step of the NW-row kernel into accumulator A.
-#define NV_W_STEP(g, half, A)                                                                \
-  do {                                                                                       \
-    __m512 xe, xo;                                                                           \
-    nv_x(x + (g) * 16, half, &xe, &xo);                                                      \
-    if (ahead && !((g) & 7)) {                                                               \
-      LKS_UNROLL                                                                             \
-      for (int r = 0; r < NW; r++) _mm_prefetch((const char *)ahead[r] + (g) * 8, _MM_HINT_T0); \
-    }                                                                                        \
-    LKS_UNROLL                                                                               \
-    for (int r = 0; r < NW; r++) {                                                           \
-      __m512 lo_, hi_;                                                                       \
-      nv_weights(nv_codes(w[r] + (g) * 8, half), lut, nv_scale2(gs[r], g, half), &lo_, &hi_); \
-      acc[r][A] = nv_fma(lo_, hi_, xe, xo, acc[r][A]);                                       \
-    }                                                                                        \
-  } while (0)
-
-AVX512 INLINE void nvfp4_avx512_w(const uint8_t *const *w, const uint8_t *const *ahead,
-                                  const uint8_t *const *gs, const float *x, int64_t K, float *out,
-                                  const int NW) {
-  const __m512 lut = _mm512_loadu_ps(e2m1_lut);
-  __m512 acc[4][2];
-  LKS_UNROLL
-  for (int r = 0; r < NW; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  NV_STEPS(NV_W_STEP, K / 16);
-  LKS_UNROLL
-  for (int r = 0; r < NW; r++)
-    out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
-}
-
-AVX512 static void nvfp4_avx512_rows(const uint8_t *const *w, const uint8_t *const *ahead,
-                                     const uint8_t *const *gs, const float *x, int nw, int64_t K,
-                                     float *out) {
-  switch (nw) {
-    case 1: nvfp4_avx512_w(w, ahead, gs, x, K, out, 1); break;
-    case 2: nvfp4_avx512_w(w, ahead, gs, x, K, out, 2); break;
-    case 3: nvfp4_avx512_w(w, ahead, gs, x, K, out, 3); break;
-    default: nvfp4_avx512_w(w, ahead, gs, x, K, out, 4); break;
-  }
-}
-
 static const lks__quant_kernels q_avx2 = {.name = "avx2",
                                           .fp8 = fp8_avx2,
                                           .nvfp4 = nvfp4_avx2,
@@ -615,10 +641,9 @@ static const lks__quant_kernels q_avx2 = {.name = "avx2",
 static const lks__quant_kernels q_avx512 = {.name = "avx512",
                                             .fp8 = fp8_avx512,
                                             .nvfp4 = nvfp4_avx512,
-                                            .nvfp4_w = nvfp4_avx512_rows,
                                             .w_ahead = true,
                                             .nvfp4_split = nvfp4_avx512_split,
-                                            .nvfp4_xs = nvfp4_avx512_xs,
+                                            .nvfp4_grid = nvfp4_avx512_grid,
                                             .fp8_split = fp8_avx512_split,
                                             .fp8_grid = fp8_avx512_grid};
 #elif defined(__aarch64__)
@@ -817,17 +842,16 @@ static void quant_rows_blocked(const lks__quant_kernels *k, const lks__qweight *
   const bool nv = w->qs == LKS_Q_NVFP4;
   const int64_t row_bytes = nv ? K / 2 : K;
   const int64_t rb = row_bytes >= 16384 ? 1 : 16384 / (row_bytes > 0 ? row_bytes : 1);
-  // Where the level has it, activation rows split once, not once per weight row inside the
-  // kernel: each group for the block (NVFP4: nvfp4_split), or all n rows for all blocks (FP8:
-  // fp8_split, up to 8 MB of them; split for each block, the split cost prefill 15 %). Without
-  // the memory, as the kernels on x (FP8 then the portable kernel's arithmetic).
-  const lks__qsplit_fn splitter = nv ? (r1 - r0 > 1 ? k->nvfp4_split : NULL) : k->fp8_split;
+  // Where the level has grids, activation rows split once, not once per weight row inside the
+  // kernel: all n rows for all blocks, up to 8 MB of them, else each group for each block
+  // (split for each block, the split cost FP8 prefill 15 %); then LKS__QGRID / nx weight rows a
+  // call. Without grids or the memory, the kernels on x.
+  const lks__qsplit_fn splitter = nv ? k->nvfp4_split : k->fp8_split;
   const int64_t sl = nv ? lks__nvfp4_split_len(K) : lks__fp8_split_len(K);
-  const bool whole = !nv && n * sl <= ((int64_t)8 << 20) / (int64_t)sizeof(float);
+  const bool whole = n * sl <= ((int64_t)8 << 20) / (int64_t)sizeof(float);
   float *split =
       splitter ? malloc((size_t)((whole ? n : LKS__QROWS) * sl) * sizeof *split) : NULL;
-  const lks__qdot_nvfp4_fn nvdot = split ? k->nvfp4_xs : k->nvfp4;
-  const bool grid = !nv && split;  // fp8_grid: LKS__QGRID / nx weight rows at a time
+  const bool grid = split != NULL;
   for (int64_t t = 0; grid && whole && t < n; t++) splitter(x + t * ldx, K, split + t * sl);
   const int64_t pf = row_bytes >= 8192 ? 1 : 8192 / (row_bytes > 0 ? row_bytes : 1);
   for (int64_t b0 = r0; b0 < r1; b0 += rb) {
@@ -850,19 +874,20 @@ static void quant_rows_blocked(const lks__quant_kernels *k, const lks__qweight *
         float d[LKS__QROWS];  // LKS__QGRID pairs or LKS__QROWS rows (the same: asserted)
         if (grid) {
           const uint8_t *codes[LKS__QGRID], *ahead[LKS__QGRID];
-          const float *sc[LKS__QGRID];
+          const void *sc[LKS__QGRID];
           for (int i = 0; i < nw; i++) {
             codes[i] = w->codes + (r + i) * w->ld;
             sc[i] = row_scales(w, r + i);
             ahead[i] = r + i + pf < r1 ? codes[i] + pf * w->ld : codes[i];
           }
-          k->fp8_grid(codes, ahead, sc, blk, xs, nw, nx, K, d);
+          if (nv) k->nvfp4_grid(codes, ahead, (const uint8_t *const *)sc, xs, nw, nx, K, d);
+          else k->fp8_grid(codes, ahead, (const float *const *)sc, blk, xs, nw, nx, K, d);
         } else if (nv) {
-          nvdot(w->codes + r * w->ld, row_scales(w, r), xs, nx, K, d);
-          for (int i = 0; i < nx; i++) d[i] *= w->global;
+          k->nvfp4(w->codes + r * w->ld, row_scales(w, r), xs, nx, K, d);
         } else {
           k->fp8(w->codes + r * w->ld, row_scales(w, r), blk, xs, nx, K, d);
         }
+        for (int j = 0; nv && j < nw * nx; j++) d[j] *= w->global;
         for (int j = 0; j < nw; j++) {
           float b = bias ? bias[r + j] : 0.0f;
           for (int i = 0; i < nx; i++) {
@@ -906,14 +931,15 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
   // thread, six alternated runs of build/kernel_bench 131072 1024: 8.3-10.2 -> 6.4-7.8 ms
   // (NVFP4 4.6-6.9 -> 4.7-6.0; air-1g FP8 decode at 2 threads, eight alternated rounds,
   // medians 134 -> 141 tokens/s, within this host's noise).
-  // FP8 on AVX-512: x split once for the call's rows, then LKS__QGRID weight rows a call
-  // (fp8_avx512_g: air-1g FP8 decode, 2 threads, three alternated rounds 121-146 -> 140-172
-  // tokens/s; 1 thread 77-88 -> 94-124).
+  // AVX-512: x split once for the call's rows, then LKS__QGRID weight rows a call (FP8,
+  // fp8_avx512_g: air-1g FP8 decode, 2 threads, three alternated rounds 121-146 -> 140-172
+  // tokens/s; 1 thread 77-88 -> 94-124. NVFP4, nvfp4_avx512_g against four rows a call of the
+  // kernel that scaled each weight: four alternated rounds 125-134 -> 148-180).
   // One activation row (decode) with a several-row kernel: LKS__QWROWS weight rows at a time,
   // each as the one-row kernel computes it, with four rows' loads in flight (air-1g decode, this
   // host, six alternated pairs: FP8 blocks 98-123 -> 105-129 tokens/s, 5 pairs of 6 faster;
   // NVFP4 109-131 -> 125-144, 6 of 6; the same speed as one row at a time in cache).
-  const bool grid = !nv && k->fp8_grid;  // FP8 where x is split: LKS__QGRID rows by one
+  const bool grid = nv ? k->nvfp4_grid != NULL : k->fp8_grid != NULL;  // LKS__QGRID rows by one
   const int64_t step = grid                                        ? LKS__QGRID
                        : (nv ? k->nvfp4_w != NULL : k->fp8_w != NULL) ? LKS__QWROWS
                                                                       : 1;
@@ -925,12 +951,12 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
   const int64_t row_bytes = nv ? K / 2 : K;
   int64_t pf = row_bytes >= 8192 ? 1 : 8192 / (row_bytes > 0 ? row_bytes : 1);
   if (pf < step) pf = step;
-  // FP8 where the level splits x (fp8_split): once for the product's rows, on the stack up to
-  // GLM's widths, else on the heap (rows of over 8 KB: the copy is small beside them).
+  // Where the level splits x: once for the product's rows, on the stack up to GLM's widths,
+  // else on the heap (rows of over 8 KB: the copy is small beside them).
   float stack_xs[16384 + 32], *heap_xs = NULL;
   const float *xw = x;
   if (grid) {
-    int64_t sl = lks__fp8_split_len(K);
+    int64_t sl = nv ? lks__nvfp4_split_len(K) : lks__fp8_split_len(K);
     float *buf = sl <= (int64_t)(sizeof stack_xs / sizeof *stack_xs)
                      ? stack_xs
                      : (heap_xs = malloc((size_t)sl * sizeof *heap_xs));
@@ -939,7 +965,7 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
         quant_rows_blocked(k, w, r, r + 1, x, ldx, 1, bias, out, ldo, accumulate);
       return;
     }
-    k->fp8_split(x, K, buf);
+    (nv ? k->nvfp4_split : k->fp8_split)(x, K, buf);
     xw = buf;
   }
   for (int64_t r = r0; r < r1; r += step) {
@@ -961,8 +987,9 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
     }
     float d[LKS__QGRID];
     if (step > 1) {
-      if (nv) k->nvfp4_w(codes, ahead, (const uint8_t *const *)sc, x, nw, K, d);
+      if (grid && nv) k->nvfp4_grid(codes, ahead, (const uint8_t *const *)sc, &xw, nw, 1, K, d);
       else if (grid) k->fp8_grid(codes, ahead, (const float *const *)sc, blk, &xw, nw, 1, K, d);
+      else if (nv) k->nvfp4_w(codes, ahead, (const uint8_t *const *)sc, x, nw, K, d);
       else k->fp8_w(codes, ahead, (const float *const *)sc, blk, x, nw, K, d);
       for (int i = 0; i < nw; i++) {
         float b = bias ? bias[r + i] : 0.0f, v = nv ? d[i] * w->global : d[i];

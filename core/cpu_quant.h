@@ -35,9 +35,9 @@ typedef void (*lks__qdot_nvfp4_fn)(const uint8_t *w, const uint8_t *gscale, cons
 
 // The same for nw <= LKS__QWROWS weight rows (w[i], its scales bscale[i] / gscale[i]) and one
 // activation row: out[i] = sum_k deq(w[i][k]) * x[k], every row's arithmetic exactly that of the
-// one-row call above (NULL where a level has no such kernel: one row at a time then). Decode's
-// products have one activation row; several weight rows at once keep more independent sums and
-// more loads in flight.
+// one-row call above (NULL where a level has no such kernel: one row at a time then; levels
+// with the grids below use those). Decode's products have one activation row; several weight
+// rows at once keep more independent sums and more loads in flight.
 // ahead (NULL: none): codes that a later call reads, ahead[i] fetched into cache as row i is
 // read, a line per 64 bytes of its codes, where the level's kernels do it (w_ahead).
 enum { LKS__QWROWS = 4 };
@@ -49,13 +49,12 @@ typedef void (*lks__qdot_nvfp4_w_fn)(const uint8_t *const *w, const uint8_t *con
                                      int64_t K, float *out);
 
 // Activation rows prepared once for many weight rows: split(x, K, xs) writes x's columns in the
-// order the kernel reads them, and the kernels below take such rows in place of x, out[t] bit
-// for bit what the kernel on x gives.
-// NVFP4 (prefill, batches): nvfp4_split, lks__nvfp4_split_len(K) floats, for nvfp4_xs.
-// FP8 (every product, decode included): fp8_split, lks__fp8_split_len(K) floats, for fp8_grid.
+// order the kernel reads them, and the grids below take such rows in place of x, out[t] bit
+// for bit what the kernel on x gives. Every product of the level, decode included:
+// FP8: fp8_split, lks__fp8_split_len(K) floats; NVFP4: nvfp4_split, lks__nvfp4_split_len(K).
 typedef void (*lks__qsplit_fn)(const float *x, int64_t K, float *xs);
 
-// FP8, nw weight rows by nx split activation rows at once (nw * nx <= LKS__QGRID):
+// nw weight rows by nx split activation rows at once (nw * nx <= LKS__QGRID):
 // out[i * nx + t] = sum_k deq(w[i][k]) * x[t][k], every pair's arithmetic that of nw = nx = 1
 // (and `ahead` as for fp8_w).
 enum { LKS__QGRID = 8 };
@@ -63,6 +62,9 @@ typedef void (*lks__qdot_fp8_grid_fn)(const uint8_t *const *w, const uint8_t *co
                                       const float *const *bscale, int64_t blk,
                                       const float *const *xs, int nw, int nx, int64_t K,
                                       float *out);
+typedef void (*lks__qdot_nvfp4_grid_fn)(const uint8_t *const *w, const uint8_t *const *ahead,
+                                        const uint8_t *const *gscale, const float *const *xs,
+                                        int nw, int nx, int64_t K, float *out);
 
 typedef struct lks__quant_kernels {
   const char *name;  // "scalar", "avx2", "avx512", "neon"
@@ -70,17 +72,18 @@ typedef struct lks__quant_kernels {
   lks__qdot_nvfp4_fn nvfp4;
   lks__qdot_fp8_w_fn fp8_w;      // may be NULL
   lks__qdot_nvfp4_w_fn nvfp4_w;  // may be NULL
-  bool w_ahead;                  // fp8_w, nvfp4_w, fp8_grid fetch `ahead` (else ignore it)
-  lks__qsplit_fn nvfp4_split;    // may be NULL (then nvfp4_xs is NULL too)
-  lks__qdot_nvfp4_fn nvfp4_xs;
+  bool w_ahead;                  // fp8_w, nvfp4_w and the grids fetch `ahead` (else ignore it)
   lks__qsplit_fn fp8_split;      // may be NULL (then fp8_grid is NULL too)
   lks__qdot_fp8_grid_fn fp8_grid;
+  lks__qsplit_fn nvfp4_split;    // may be NULL (then nvfp4_grid is NULL too)
+  lks__qdot_nvfp4_grid_fn nvfp4_grid;
 } lks__quant_kernels;
 
-// Floats of one split row of K columns (K a multiple of 16): 32 per two groups, rounded up.
-static inline int64_t lks__nvfp4_split_len(int64_t K) { return (K / 16 + 1) / 2 * 32; }
-// FP8: the same for the first K / 16 * 16 columns, then the K % 16 others as they are.
-static inline int64_t lks__fp8_split_len(int64_t K) { return lks__nvfp4_split_len(K) + K % 16; }
+// Floats of one split row of K columns. FP8: 32 per 32 columns of the first K / 16 * 16 (a last
+// 16 padded), then the K % 16 others as they are. NVFP4 (K a multiple of 16): 128 per 128,
+// the last padded.
+static inline int64_t lks__fp8_split_len(int64_t K) { return (K / 16 + 1) / 2 * 32 + K % 16; }
+static inline int64_t lks__nvfp4_split_len(int64_t K) { return (K + 127) / 128 * 128; }
 
 const lks__quant_kernels *lks__quant_kernels_get(const char *name);
 const lks__quant_kernels *lks__quant_kernels_best(void);

@@ -65,17 +65,22 @@ static double run_case(const lks__cpu_kernels *k, const lks__quant_kernels *q, i
       }
       default: {
         const float *xs[1] = {x};
-        // FP8 where the level splits x: split once, then one weight row a call of the grid.
-        float *split = c == 4 && q->fp8_split ? malloc((size_t)lks__fp8_split_len(K) * 4) : NULL;
-        if (split) q->fp8_split(x, K, split);
+        // Where the level splits x: split once, then one weight row a call of the grid.
+        bool grid = c == 4 ? q->fp8_grid != NULL : q->nvfp4_grid != NULL;
+        int64_t sl = c == 4 ? lks__fp8_split_len(K) : lks__nvfp4_split_len(K);
+        float *split = grid ? malloc((size_t)sl * 4) : NULL;
+        if (split) (c == 4 ? q->fp8_split : q->nvfp4_split)(x, K, split);
         const float *sp[1] = {split};
         for (int64_t i = 0; i < M; i++) {
-          const uint8_t *wr[1] = {w8 + i * K};
+          const uint8_t *wr[1] = {w8 + i * K}, *w4r[1] = {w4 + i * (K / 2)},
+                        *gr[1] = {gs + i * (K / 16)};
           const float *br[1] = {bs + (i / 128) * KB(K)};
           if (c == 4 && split)
             q->fp8_grid(wr, NULL, br, 128, sp, 1, 1, K, out + i);
           else if (c == 4)
             q->fp8(w8 + i * K, bs + (i / 128) * KB(K), 128, xs, 1, K, out + i);
+          else if (split)
+            q->nvfp4_grid(w4r, NULL, gr, sp, 1, 1, K, out + i);
           else
             q->nvfp4(w4 + i * (K / 2), gs + i * (K / 16), xs, 1, K, out + i);
         }

@@ -132,7 +132,8 @@ static const char *levels[] = TU_SIMD_LEVELS;
 
 START_TEST(test_kernels) {
   uint64_t rs = 12345;
-  const int64_t Ks[] = {8, 16, 24, 128, 192, 280, 528, 1024, 200, 2 * 1408 + 8};
+  // NVFP4 (K % 16 == 0): 128-column steps and last steps of 1 to 7 groups (AVX-512).
+  const int64_t Ks[] = {8, 16, 24, 128, 192, 240, 280, 528, 720, 1024, 200, 2 * 1408 + 8};
   for (int lv = 0; lv < TU_N_SIMD_LEVELS; lv++) {
     const lks__quant_kernels *k = lks__quant_kernels_get(levels[lv]);
     if (!k) continue;
@@ -146,7 +147,8 @@ START_TEST(test_kernels) {
       }
       for (int64_t i = 0; i < K; i++) w[i] = rand_e4m3(&rs);
       for (int b = 0; b < 32; b++) bs[b] = (float)(0.001 + 0.01 * fabs(tu_randf(&rs)));
-      for (int64_t g = 0; g < K / 16; g++) gs[g] = (uint8_t)(rand_e4m3(&rs) & 0x7f);
+      // Negative and subnormal scales among them (quantizers write neither, the format has both).
+      for (int64_t g = 0; g < K / 16; g++) gs[g] = rand_e4m3(&rs);
       for (int blk = 0; blk < 2; blk++) {  // per-row scale, then 128-blocks
         int64_t B = blk ? 128 : K;
         for (int nx = 1; nx <= LKS__QROWS; nx++) {
@@ -163,9 +165,14 @@ START_TEST(test_kernels) {
           }
         }
       }
+      // NVFP4's codes and scales in buffers of their exact sizes: a kernel reading past a row's
+      // end (a last step of fewer than 8 groups) fails under the sanitizer.
+      uint8_t *wn = malloc((size_t)K / 2), *gn = malloc((size_t)(K / 16 ? K / 16 : 1));
+      memcpy(wn, w, (size_t)K / 2);
+      memcpy(gn, gs, (size_t)K / 16);
       if (K % 16 == 0)
         for (int nx = 1; nx <= LKS__QROWS; nx++) {
-          k->nvfp4(w, gs, (const float *const *)x, nx, K, out);
+          k->nvfp4(wn, gn, (const float *const *)x, nx, K, out);
           for (int t = 0; t < nx; t++) {
             double ref = 0, mag = 0;
             for (int64_t i = 0; i < K; i++) {
@@ -181,6 +188,8 @@ START_TEST(test_kernels) {
       for (int t = 0; t < LKS__QROWS; t++) free(x[t]);
       free(w);
       free(gs);
+      free(wn);
+      free(gn);
     }
   }
 }
@@ -239,53 +248,63 @@ START_TEST(test_row_kernels) {
 }
 END_TEST
 
-// FP8 grids (nw weight rows by nx split activation rows): each pair bit for bit what the one-row
+// Grids (nw weight rows by nx split activation rows): each pair bit for bit what the one-row
 // kernel on x (checked against double precision above) gives for it, for every shape.
 START_TEST(test_grid_kernels) {
   uint64_t rs = 4242;
-  const int64_t Ks[] = {8, 16, 24, 128, 200, 280, 528, 1024, 2 * 1408 + 8};
+  const int64_t Ks[] = {8, 16, 24, 128, 200, 240, 280, 528, 720, 1024, 2 * 1408 + 8};
   enum { G = LKS__QGRID };
   for (int lv = 0; lv < TU_N_SIMD_LEVELS; lv++) {
     const lks__quant_kernels *k = lks__quant_kernels_get(levels[lv]);
-    if (!k || !k->fp8_grid) continue;
+    if (!k || (!k->fp8_grid && !k->nvfp4_grid)) continue;
     for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
-      int64_t K = Ks[ki], sl = lks__fp8_split_len(K);
-      uint8_t *w[G];
-      float *x[G], *split[G], bs[G][32], out[G], one;
+      int64_t K = Ks[ki], sl = lks__fp8_split_len(K), nsl = lks__nvfp4_split_len(K);
+      uint8_t *w[G], *gs[G];
+      float *x[G], *split[G], *nsplit[G], bs[G][32], out[G], one;
       const float *bsp[G];
       for (int i = 0; i < G; i++) {
         w[i] = malloc((size_t)K);
+        gs[i] = malloc((size_t)K / 16 + 1);
         x[i] = malloc((size_t)K * sizeof(float));
         split[i] = malloc((size_t)sl * sizeof(float));
+        nsplit[i] = malloc((size_t)nsl * sizeof(float));
         for (int64_t c = 0; c < K; c++) w[i][c] = rand_e4m3(&rs), x[i][c] = tu_randf(&rs) * 3;
         for (int b = 0; b < 32; b++) bs[i][b] = (float)(0.001 + 0.01 * fabs(tu_randf(&rs)));
+        for (int64_t g = 0; g < K / 16; g++) gs[i][g] = rand_e4m3(&rs);
         bsp[i] = bs[i];
-        k->fp8_split(x[i], K, split[i]);
+        if (k->fp8_grid) k->fp8_split(x[i], K, split[i]);
+        if (k->nvfp4_grid && K % 16 == 0) k->nvfp4_split(x[i], K, nsplit[i]);
       }
       const uint8_t *const *wc = (const uint8_t *const *)w;
       for (int nx = 1; nx <= G; nx++)
         for (int nw = 1; nw * nx <= G; nw++)
-          for (int blk = 0; blk < 2; blk++) {
-            int64_t B = blk ? 128 : K;
-            k->fp8_grid(wc, wc, bsp, B, (const float *const *)split, nw, nx, K, out);
+          for (int f = 0; f < 3; f++) {  // FP8 per-row scale, FP8 128-blocks, NVFP4
+            int64_t B = f == 1 ? 128 : K;
+            if (f < 2 ? !k->fp8_grid : !k->nvfp4_grid || K % 16) continue;
+            if (f < 2) k->fp8_grid(wc, wc, bsp, B, (const float *const *)split, nw, nx, K, out);
+            else
+              k->nvfp4_grid(wc, wc, (const uint8_t *const *)gs, (const float *const *)nsplit, nw,
+                            nx, K, out);
             for (int i = 0; i < nw; i++)
               for (int t = 0; t < nx; t++) {
                 const float *xt[1] = {x[t]};
-                k->fp8(w[i], bs[i], B, xt, 1, K, &one);
+                if (f < 2) k->fp8(w[i], bs[i], B, xt, 1, K, &one);
+                else k->nvfp4(w[i], gs[i], xt, 1, K, &one);
                 ck_assert_msg(memcmp(&out[i * nx + t], &one, sizeof one) == 0,
-                              "%s fp8 grid %dx%d K=%lld blk=%lld, pair %d,%d: %a vs %a alone",
-                              levels[lv], nw, nx, (long long)K, (long long)B, i, t,
-                              out[i * nx + t], one);
+                              "%s %s grid %dx%d K=%lld, pair %d,%d: %a vs %a alone", levels[lv],
+                              f == 0 ? "fp8 row" : f == 1 ? "fp8 block" : "nvfp4", nw, nx,
+                              (long long)K, i, t, out[i * nx + t], one);
               }
           }
-      for (int i = 0; i < G; i++) free(w[i]), free(x[i]), free(split[i]);
+      for (int i = 0; i < G; i++)
+        free(w[i]), free(gs[i]), free(x[i]), free(split[i]), free(nsplit[i]);
     }
   }
 }
 END_TEST
 
-// FP8 products over more activation rows than are split at once (n * split row over 8 MB:
-// split by groups instead): every row bit for bit what it gives alone.
+// Products over more activation rows than are split at once (n * split row over 8 MB: split by
+// groups instead), FP8 blocks and NVFP4: every row bit for bit what it gives alone.
 START_TEST(test_big_batch) {
   uint64_t rs = 31337;
   enum { M = 8, N = 140 };
@@ -294,19 +313,27 @@ START_TEST(test_big_batch) {
     const lks__quant_kernels *k = lks__quant_kernels_get(levels[lv]);
     if (!k) continue;
     ck_assert(N * lks__fp8_split_len(K) > (8 << 20) / 4);
-    uint8_t *codes = malloc((size_t)(M * K));
+    ck_assert(N * lks__nvfp4_split_len(K) > (8 << 20) / 4);
+    uint8_t *codes = malloc((size_t)(M * K)), gs[M * K / 16];
     float *x = malloc((size_t)(N * K) * sizeof *x), bs[(16000 + 127) / 128];  // M < 128: one row
     float *batch = malloc((size_t)(N * M) * sizeof *batch), alone[M];
     for (int64_t i = 0; i < M * K; i++) codes[i] = rand_e4m3(&rs);
+    for (int64_t i = 0; i < M * K / 16; i++) gs[i] = (uint8_t)(rand_e4m3(&rs) & 0x7f);
     for (int64_t i = 0; i < N * K; i++) x[i] = tu_randf(&rs);
     for (int64_t b = 0; b < (K + 127) / 128; b++) bs[b] = (float)(0.001 + 0.01 * tu_randf(&rs));
-    lks__qweight w = {.qs = LKS_Q_FP8_BLOCK, .codes = codes, .ld = K, .scales = bs,
-                      .sld = (K + 127) / 128, .global = 1.0f, .rows = M, .cols = K};
-    lks__quant_matmul_rows(k, &w, 0, M, x, K, N, NULL, batch, M, false);
-    for (int t = 0; t < N; t++) {
-      lks__quant_matmul_rows(k, &w, 0, M, x + t * K, K, 1, NULL, alone, M, false);
-      ck_assert_msg(memcmp(alone, batch + t * M, sizeof alone) == 0,
-                    "%s: row %d of a batch of %d differs from it alone", levels[lv], t, N);
+    lks__qweight fp8 = {.qs = LKS_Q_FP8_BLOCK, .codes = codes, .ld = K, .scales = bs,
+                        .sld = (K + 127) / 128, .global = 1.0f, .rows = M, .cols = K};
+    lks__qweight nv = {.qs = LKS_Q_NVFP4, .codes = codes, .ld = K / 2, .scales = gs,
+                       .sld = K / 16, .global = 0.37f, .rows = M, .cols = K};
+    const lks__qweight *ws[2] = {&fp8, &nv};
+    for (int f = 0; f < 2; f++) {
+      lks__quant_matmul_rows(k, ws[f], 0, M, x, K, N, NULL, batch, M, false);
+      for (int t = 0; t < N; t++) {
+        lks__quant_matmul_rows(k, ws[f], 0, M, x + t * K, K, 1, NULL, alone, M, false);
+        ck_assert_msg(memcmp(alone, batch + t * M, sizeof alone) == 0,
+                      "%s %s: row %d of a batch of %d differs from it alone", levels[lv],
+                      f ? "nvfp4" : "fp8", t, N);
+      }
     }
     free(codes), free(x), free(batch);
   }
