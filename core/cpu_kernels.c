@@ -136,9 +136,22 @@ static const lks__cpu_kernels k_scalar = {.name = "scalar",
 // model (F32) a verify of 2 rows cost 1.57 plain steps, 1.44 after, and K = 1's roofline rose
 // from x1.13 to x1.23, K = 3's from x1.28 to x1.48 (lockstep bench --spec mtp, world 1). For
 // F32 with one row it fetches each line now too (no difference measured).
+// With it, the same line two blocks ahead is fetched into L2 only (prefetcht1; PLDL2KEEP on
+// arm64): on a host whose memory answered slowly (2026-12-06; without software prefetch the
+// quantized kernels streamed at 60 % of their speed with it), air-1g BF16 decode, three
+// alternated rounds, 2 threads 59-65 -> 72-85 tokens/s, 1 thread 30-34 -> 55-57 (three blocks
+// ahead: 77-89 and 47-55; the quantized kernels' far rows fetched into L1 instead of L2 gained
+// nothing). STREAM_FETCH issues both for rows [0, RW) of a block.
 #define STREAM_LINE(k, bf16) ((((k) << ((bf16) ? 1 : 2)) & 63) == 0)
 #define STREAM_AHEAD(w, ldw, r, k, bf16) \
   ((const char *)(w) + ((int64_t)(r) * (ldw) + (k)) * ((bf16) ? 2 : 4))
+#define STREAM_FETCH(w, ldw, RW, k, bf16)                                                      \
+  do {                                                                                         \
+    _Pragma("GCC unroll 8") for (int i_ = 0; i_ < (RW); i_++)                                  \
+        __builtin_prefetch(STREAM_AHEAD(w, ldw, i_ + (RW), k, bf16), 0, 3);                    \
+    _Pragma("GCC unroll 8") for (int i_ = 0; i_ < (RW); i_++)                                  \
+        __builtin_prefetch(STREAM_AHEAD(w, ldw, i_ + 2 * (RW), k, bf16), 0, 2);                \
+  } while (0)
 
 #define DEFINE_MM(level, blk, wtype, bf16, RWB, RXB)                                             \
   static void mm_##wtype##_##level(const void *w, int64_t ldw, int64_t m, const float *x,        \
@@ -218,8 +231,7 @@ INLINE AVX2 void blk_avx2(const void *w, int64_t ldw, const float *x, int64_t ld
 #pragma GCC unroll 4
     for (int j = 0; j < RX; j++) xv[j] = ld8_f32(x + j * ldx + k);
     if ((RX == 1 || stream) && STREAM_LINE(k, bf16))  // the next block's line, as in blk_avx512
-#pragma GCC unroll 8
-      for (int i = 0; i < RW; i++) __builtin_prefetch(STREAM_AHEAD(w, ldw, i + RW, k, bf16));
+      STREAM_FETCH(w, ldw, RW, k, bf16);
 #pragma GCC unroll 8
     for (int i = 0; i < RW; i++) {
       __m256 wv = bf16 ? ld8_bf16((const uint16_t *)w + i * ldw + k)
@@ -284,8 +296,7 @@ INLINE AVX512 void blk_avx512(const void *w, int64_t ldw, const float *x, int64_
     // (once per 64-byte line), so a block starts on cached lines (at K = 1024 and two threads,
     // 17 -> 27 GB/s in a test of the bare loop). A hint: no fault past the end.
     if ((RX == 1 || stream) && STREAM_LINE(k, bf16))
-#pragma GCC unroll 8
-      for (int i = 0; i < RW; i++) _mm_prefetch(STREAM_AHEAD(w, ldw, i + RW, k, bf16), _MM_HINT_T0);
+      STREAM_FETCH(w, ldw, RW, k, bf16);
 #pragma GCC unroll 8
     for (int i = 0; i < RW; i++) {
       __m512 wv = bf16 ? ld16_bf16_bits(_mm256_loadu_si256(
@@ -452,8 +463,7 @@ INLINE void blk_neon(const void *w, int64_t ldw, const float *x, int64_t ldx, in
 #pragma GCC unroll 4
     for (int j = 0; j < RX; j++) xv[j] = ld8_f32_neon(x + j * ldx + k);
     if ((RX == 1 || stream) && STREAM_LINE(k, bf16))  // the next block's line, as in blk_avx512
-#pragma GCC unroll 8
-      for (int i = 0; i < RW; i++) __builtin_prefetch(STREAM_AHEAD(w, ldw, i + RW, k, bf16));
+      STREAM_FETCH(w, ldw, RW, k, bf16);
 #pragma GCC unroll 8
     for (int i = 0; i < RW; i++) {
       f32x8 wv = bf16 ? ld8_bf16_neon((const uint16_t *)w + i * ldw + k)

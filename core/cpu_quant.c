@@ -351,7 +351,10 @@ AVX512 INLINE void nvfp4_avx512_g(const uint8_t *const *w, const uint8_t *const 
   for (; c + 128 <= K; c += 128) {
     if (ahead) {
       LKS_UNROLL
-      for (int i = 0; i < RW; i++) _mm_prefetch((const char *)ahead[i] + c / 2, _MM_HINT_T0);
+      for (int i = 0; i < RW; i++) {
+        _mm_prefetch((const char *)ahead[i] + c / 2, _MM_HINT_T0);
+        _mm_prefetch((const char *)ahead[LKS__QGRID + i] + c / 2, _MM_HINT_T1);
+      }
     }
     nv_g_step(w, gs, xs, c, true, 8, lut, acc, RW, NX);
   }
@@ -548,7 +551,10 @@ AVX512 INLINE void fp8_avx512_g(const uint8_t *const *w, const uint8_t *const *a
     for (; k + 32 <= k1; k += 32) {
       if (ahead && !(k & 32)) {
         LKS_UNROLL
-        for (int i = 0; i < RW; i++) _mm_prefetch((const char *)ahead[i] + k, _MM_HINT_T0);
+        for (int i = 0; i < RW; i++) {
+          _mm_prefetch((const char *)ahead[i] + k, _MM_HINT_T0);
+          _mm_prefetch((const char *)ahead[LKS__QGRID + i] + k, _MM_HINT_T1);
+        }
       }
       fp8_g_step(w, xs, k, false, p, RW, NX);
     }
@@ -827,6 +833,14 @@ static const void *row_scales(const lks__qweight *w, int64_t r) {
   }
 }
 
+// The codes of row a of a product whose task ends at row r1: past r1, the rows the caller says
+// the thread reads next (w->next), else `own` (a row being read anyway).
+static const uint8_t *row_ahead(const lks__qweight *w, int64_t r1, int64_t a, const uint8_t *own) {
+  if (a < r1) return w->codes + a * w->ld;
+  if (w->next && a - r1 < w->next_rows) return w->next + (a - r1) * w->ld;
+  return own;
+}
+
 // Several activation rows (prefill, batches): the one-row kernel on each weight row and up to
 // LKS__QROWS activation rows, weight rows in blocks of about 16 KB of codes, each block taken
 // against every group of activation rows in turn. Every output is the kernel's arithmetic on
@@ -873,12 +887,13 @@ static void quant_rows_blocked(const lks__quant_kernels *k, const lks__qweight *
         int nw = b1 - r < rw ? (int)(b1 - r) : (int)rw;
         float d[LKS__QROWS];  // LKS__QGRID pairs or LKS__QROWS rows (the same: asserted)
         if (grid) {
-          const uint8_t *codes[LKS__QGRID], *ahead[LKS__QGRID];
+          const uint8_t *codes[LKS__QGRID], *ahead[LKS__QAHEAD];
           const void *sc[LKS__QGRID];
           for (int i = 0; i < nw; i++) {
             codes[i] = w->codes + (r + i) * w->ld;
             sc[i] = row_scales(w, r + i);
-            ahead[i] = r + i + pf < r1 ? codes[i] + pf * w->ld : codes[i];
+            ahead[i] = row_ahead(w, r1, r + i + pf, codes[i]);
+            ahead[LKS__QGRID + i] = row_ahead(w, r1, r + i + 2 * pf, codes[i]);
           }
           if (nv) k->nvfp4_grid(codes, ahead, (const uint8_t *const *)sc, xs, nw, nx, K, d);
           else k->fp8_grid(codes, ahead, (const float *const *)sc, blk, xs, nw, nx, K, d);
@@ -948,6 +963,12 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
   // already. Out of cache, one thread, FP8 blocks, two alternated runs: K = 4096 12.3-14.1 ->
   // 20.9-23.1 G weights/s, K = 2736 14.8-15.4 -> 22.5-23.5 (NVFP4 at K = 4096, 2 KB rows, four
   // rows ahead already: 23-26).
+  // And the rows twice as far ahead into L2 only (prefetcht1, ahead[LKS__QGRID + i]): on a
+  // host whose memory answered slowly (2026-12-06), 131072 NVFP4 rows of 1024 out of cache, one
+  // thread, 15 -> 22 G weights/s; air-1g decode, three alternated rounds, 2 threads: FP8 blocks
+  // 83-99 -> 131-163 tokens/s, NVFP4 125-138 -> 142-167; 1 thread, two rounds: FP8 50-53 ->
+  // 92-99, NVFP4 70-87 -> 81-103. Fetched into L1 instead, they gained nothing (FP8 2 threads
+  // 96-105 against 154-172).
   const int64_t row_bytes = nv ? K / 2 : K;
   int64_t pf = row_bytes >= 8192 ? 1 : 8192 / (row_bytes > 0 ? row_bytes : 1);
   if (pf < step) pf = step;
@@ -972,18 +993,17 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
     int nw = r1 - r < step ? (int)(r1 - r) : (int)step;
     const uint8_t *codes[LKS__QGRID];
     const void *sc[LKS__QGRID];
-    const uint8_t *ahead[LKS__QGRID];
+    const uint8_t *ahead[LKS__QAHEAD];
     for (int i = 0; i < nw; i++) {
       codes[i] = w->codes + (r + i) * w->ld;
       sc[i] = row_scales(w, r + i);
-      // Past the task's rows: the rows read next (w->next), else the row itself, whose lines are
-      // being read anyway.
-      int64_t a = r + i + pf;
-      ahead[i] = a < r1                           ? codes[i] + pf * w->ld
-                 : w->next && a - r1 < w->next_rows ? w->next + (a - r1) * w->ld
-                                                    : codes[i];
+      ahead[i] = row_ahead(w, r1, r + i + pf, codes[i]);
+      ahead[LKS__QGRID + i] = row_ahead(w, r1, r + i + 2 * pf, codes[i]);
       if (!(step > 1 && k->w_ahead) && ahead[i] != codes[i])
-        for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(ahead[i] + c);
+        for (int64_t c = 0; c < row_bytes; c += 64) {
+          __builtin_prefetch(ahead[i] + c, 0, 3);
+          __builtin_prefetch(ahead[LKS__QGRID + i] + c, 0, 2);
+        }
     }
     float d[LKS__QGRID];
     if (step > 1) {

@@ -38,8 +38,9 @@ typedef void (*lks__qdot_nvfp4_fn)(const uint8_t *w, const uint8_t *gscale, cons
 // one-row call above (NULL where a level has no such kernel: one row at a time then; levels
 // with the grids below use those). Decode's products have one activation row; several weight
 // rows at once keep more independent sums and more loads in flight.
-// ahead (NULL: none): codes that a later call reads, ahead[i] fetched into cache as row i is
-// read, a line per 64 bytes of its codes, where the level's kernels do it (w_ahead).
+// ahead (NULL: none): codes that later calls read, LKS__QAHEAD pointers: as row i is read, a
+// line per 64 bytes of its codes, ahead[i] is fetched into L1 and ahead[LKS__QGRID + i], read
+// later still, into L2 only, where the level's kernels do it (w_ahead).
 enum { LKS__QWROWS = 4 };
 typedef void (*lks__qdot_fp8_w_fn)(const uint8_t *const *w, const uint8_t *const *ahead,
                                    const float *const *bscale, int64_t blk, const float *x, int nw,
@@ -57,7 +58,7 @@ typedef void (*lks__qsplit_fn)(const float *x, int64_t K, float *xs);
 // nw weight rows by nx split activation rows at once (nw * nx <= LKS__QGRID):
 // out[i * nx + t] = sum_k deq(w[i][k]) * x[t][k], every pair's arithmetic that of nw = nx = 1
 // (and `ahead` as for fp8_w).
-enum { LKS__QGRID = 8 };
+enum { LKS__QGRID = 8, LKS__QAHEAD = 2 * LKS__QGRID };
 typedef void (*lks__qdot_fp8_grid_fn)(const uint8_t *const *w, const uint8_t *const *ahead,
                                       const float *const *bscale, int64_t blk,
                                       const float *const *xs, int nw, int nx, int64_t K,

@@ -218,12 +218,14 @@ START_TEST(test_row_kernels) {
         bsp[r] = bs[r];
       }
       const float *xs[1] = {x};
-      // The rows are their own `ahead` (fetching them changes nothing, as any address would).
-      const uint8_t *const *wc = (const uint8_t *const *)w;
+      // The rows are their own `ahead`, near and far (fetching them changes nothing, as any
+      // address would).
+      const uint8_t *const *wc = (const uint8_t *const *)w, *ah[LKS__QAHEAD];
+      for (int i = 0; i < LKS__QAHEAD; i++) ah[i] = w[i % W];
       for (int nw = 1; nw <= W; nw++) {
         for (int blk = 0; k->fp8_w && blk < 2; blk++) {
           int64_t B = blk ? 128 : K;
-          k->fp8_w(wc, wc, (const float *const *)bsp, B, x, nw, K, out);
+          k->fp8_w(wc, ah, (const float *const *)bsp, B, x, nw, K, out);
           for (int r = 0; r < nw; r++) {
             k->fp8(w[r], bs[r], B, xs, 1, K, &one);
             ck_assert_msg(memcmp(&out[r], &one, sizeof one) == 0,
@@ -232,7 +234,7 @@ START_TEST(test_row_kernels) {
           }
         }
         if (k->nvfp4_w && K % 16 == 0) {
-          k->nvfp4_w(wc, wc, (const uint8_t *const *)gs, x, nw, K, out);
+          k->nvfp4_w(wc, ah, (const uint8_t *const *)gs, x, nw, K, out);
           for (int r = 0; r < nw; r++) {
             k->nvfp4(w[r], gs[r], xs, 1, K, &one);
             ck_assert_msg(memcmp(&out[r], &one, sizeof one) == 0,
@@ -275,15 +277,16 @@ START_TEST(test_grid_kernels) {
         if (k->fp8_grid) k->fp8_split(x[i], K, split[i]);
         if (k->nvfp4_grid && K % 16 == 0) k->nvfp4_split(x[i], K, nsplit[i]);
       }
-      const uint8_t *const *wc = (const uint8_t *const *)w;
+      const uint8_t *const *wc = (const uint8_t *const *)w, *ah[LKS__QAHEAD];
+      for (int i = 0; i < LKS__QAHEAD; i++) ah[i] = w[i % G];
       for (int nx = 1; nx <= G; nx++)
         for (int nw = 1; nw * nx <= G; nw++)
           for (int f = 0; f < 3; f++) {  // FP8 per-row scale, FP8 128-blocks, NVFP4
             int64_t B = f == 1 ? 128 : K;
             if (f < 2 ? !k->fp8_grid : !k->nvfp4_grid || K % 16) continue;
-            if (f < 2) k->fp8_grid(wc, wc, bsp, B, (const float *const *)split, nw, nx, K, out);
+            if (f < 2) k->fp8_grid(wc, ah, bsp, B, (const float *const *)split, nw, nx, K, out);
             else
-              k->nvfp4_grid(wc, wc, (const uint8_t *const *)gs, (const float *const *)nsplit, nw,
+              k->nvfp4_grid(wc, ah, (const uint8_t *const *)gs, (const float *const *)nsplit, nw,
                             nx, K, out);
             for (int i = 0; i < nw; i++)
               for (int t = 0; t < nx; t++) {
