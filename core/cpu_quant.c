@@ -276,6 +276,46 @@ AVX512 INLINE void even_odd(const float *x, bool half, __m512 *xe, __m512 *xo) {
   *xo = _mm512_permutex2var_ps(x0, io, x1);
 }
 
+// A grid kernel's call for nw weight rows by nx activation rows (nw * nx <= 8), G(RW, NX) with
+// both constants.
+#define GRID_SHAPES(G, nw, nx)                    \
+  do {                                            \
+    switch (nx) {                                 \
+      case 1:                                     \
+        switch (nw) {                             \
+          case 1: G(1, 1); break;                 \
+          case 2: G(2, 1); break;                 \
+          case 3: G(3, 1); break;                 \
+          case 4: G(4, 1); break;                 \
+          case 5: G(5, 1); break;                 \
+          case 6: G(6, 1); break;                 \
+          case 7: G(7, 1); break;                 \
+          default: G(8, 1); break;                \
+        }                                         \
+        break;                                    \
+      case 2:                                     \
+        switch (nw) {                             \
+          case 1: G(1, 2); break;                 \
+          case 2: G(2, 2); break;                 \
+          case 3: G(3, 2); break;                 \
+          default: G(4, 2); break;                \
+        }                                         \
+        break;                                    \
+      case 3:                                     \
+        if ((nw) == 1) G(1, 3);                   \
+        else G(2, 3);                             \
+        break;                                    \
+      case 4:                                     \
+        if ((nw) == 1) G(1, 4);                   \
+        else G(2, 4);                             \
+        break;                                    \
+      case 5: G(1, 5); break;                     \
+      case 6: G(1, 6); break;                     \
+      case 7: G(1, 7); break;                     \
+      default: G(1, 8); break;                    \
+    }                                             \
+  } while (0)
+
 // NVFP4 on AVX-512, 128 columns (8 groups, 64 code bytes: one cache line a row) a step. The
 // line loaded as 16 32-bit lanes puts columns 8i .. 8i + 7 in lane i (4 bytes, low nibble
 // first), all of group i / 2; the permute reads a lane's low 4 bits, so the lanes shifted right
@@ -367,40 +407,7 @@ AVX512 INLINE void nvfp4_avx512_g(const uint8_t *const *w, const uint8_t *const 
 AVX512 static void nvfp4_avx512_grid(const uint8_t *const *w, const uint8_t *const *ahead,
                                      const uint8_t *const *gs, const float *const *xs, int nw,
                                      int nx, int64_t K, float *out) {
-  switch (nx) {
-    case 1:
-      switch (nw) {
-        case 1: NV_G(1, 1); break;
-        case 2: NV_G(2, 1); break;
-        case 3: NV_G(3, 1); break;
-        case 4: NV_G(4, 1); break;
-        case 5: NV_G(5, 1); break;
-        case 6: NV_G(6, 1); break;
-        case 7: NV_G(7, 1); break;
-        default: NV_G(8, 1); break;
-      }
-      break;
-    case 2:
-      switch (nw) {
-        case 1: NV_G(1, 2); break;
-        case 2: NV_G(2, 2); break;
-        case 3: NV_G(3, 2); break;
-        default: NV_G(4, 2); break;
-      }
-      break;
-    case 3:
-      if (nw == 1) NV_G(1, 3);
-      else NV_G(2, 3);
-      break;
-    case 4:
-      if (nw == 1) NV_G(1, 4);
-      else NV_G(2, 4);
-      break;
-    case 5: NV_G(1, 5); break;
-    case 6: NV_G(1, 6); break;
-    case 7: NV_G(1, 7); break;
-    default: NV_G(1, 8); break;
-  }
+  GRID_SHAPES(NV_G, nw, nx);
 }
 #undef NV_G
 
@@ -582,40 +589,7 @@ AVX512 INLINE void fp8_avx512_g(const uint8_t *const *w, const uint8_t *const *a
 AVX512 static void fp8_avx512_grid(const uint8_t *const *w, const uint8_t *const *ahead,
                                    const float *const *bs, int64_t blk, const float *const *xs,
                                    int nw, int nx, int64_t K, float *out) {
-  switch (nx) {
-    case 1:
-      switch (nw) {
-        case 1: FP8_G(1, 1); break;
-        case 2: FP8_G(2, 1); break;
-        case 3: FP8_G(3, 1); break;
-        case 4: FP8_G(4, 1); break;
-        case 5: FP8_G(5, 1); break;
-        case 6: FP8_G(6, 1); break;
-        case 7: FP8_G(7, 1); break;
-        default: FP8_G(8, 1); break;
-      }
-      break;
-    case 2:
-      switch (nw) {
-        case 1: FP8_G(1, 2); break;
-        case 2: FP8_G(2, 2); break;
-        case 3: FP8_G(3, 2); break;
-        default: FP8_G(4, 2); break;
-      }
-      break;
-    case 3:
-      if (nw == 1) FP8_G(1, 3);
-      else FP8_G(2, 3);
-      break;
-    case 4:
-      if (nw == 1) FP8_G(1, 4);
-      else FP8_G(2, 4);
-      break;
-    case 5: FP8_G(1, 5); break;
-    case 6: FP8_G(1, 6); break;
-    case 7: FP8_G(1, 7); break;
-    default: FP8_G(1, 8); break;
-  }
+  GRID_SHAPES(FP8_G, nw, nx);
 }
 #undef FP8_G
 
