@@ -329,7 +329,7 @@ AVX512 INLINE void even_odd(const float *x, bool half, __m512 *xe, __m512 *xo) {
 // and the row's total times 2^56 is the product: 9 FMAs a row for 128 weights, where scaling
 // each weight before its FMA took 16, and the scales' conversion is 4 vector operations a step
 // where each group took two table lookups. The products are exact but for f32 roundings of the
-// sums (|x| >= 2^57 would overflow: no activation is; a step's partial sum under 2^-70 loses
+// sums (|x| over 2^58 could overflow: no activation is; a step's partial sum under 2^-70 loses
 // bits to f32 subnormals). A row's last step, K % 128 columns (whole groups), loads only its
 // codes and scales (masked) against zero columns of x. One thread, decode's path (x split, 8
 // rows a call), 352 x 1024: 15 -> 25 G weights/s in cache, 14.5 -> 17-20 out of it (131072
