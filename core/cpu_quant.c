@@ -459,19 +459,27 @@ AVX512 static void nvfp4_avx512_split(const float *x, int64_t K, float *xs) {
   }
 }
 
-// x as it is: split here (the products split each row once for many weight rows instead).
+// The kernels on x as it is (tests, kernel_bench): x's nx rows split here into a buffer the
+// caller frees, xs[t] pointing at row t (NULL without the memory: a few pages, unreachable in
+// practice; the portable kernel needs none). The products split each row once for many weight
+// rows instead.
+static float *split_rows(lks__qsplit_fn split, int64_t sl, const float *const *x, int nx,
+                         int64_t K, const float **xs) {
+  float *buf = malloc((size_t)(nx * sl) * sizeof *buf);
+  for (int t = 0; buf && t < nx; t++) {
+    split(x[t], K, buf + t * sl);
+    xs[t] = buf + t * sl;
+  }
+  return buf;
+}
+
 AVX512 static void nvfp4_avx512(const uint8_t *w, const uint8_t *gs, const float *const *x, int nx,
                                 int64_t K, float *out) {
-  const int64_t sl = lks__nvfp4_split_len(K);
-  float *buf = malloc((size_t)(nx * sl) * sizeof *buf);
   const float *xs[LKS__QROWS];
-  if (!buf) {  // unreachable in practice: a few pages; the portable kernel needs none
+  float *buf = split_rows(nvfp4_avx512_split, lks__nvfp4_split_len(K), x, nx, K, xs);
+  if (!buf) {
     nvfp4_scalar(w, gs, x, nx, K, out);
     return;
-  }
-  for (int t = 0; t < nx; t++) {
-    nvfp4_avx512_split(x[t], K, buf + t * sl);
-    xs[t] = buf + t * sl;
   }
   const uint8_t *wr[1] = {w}, *sr[1] = {gs};
   nvfp4_avx512_grid(wr, NULL, sr, xs, 1, nx, K, out);
@@ -517,7 +525,7 @@ AVX512 static void fp8_avx512_split(const float *x, int64_t K, float *xs) {
     _mm512_storeu_ps(xs + g * 16, _mm512_mul_ps(xe, s));
     _mm512_storeu_ps(xs + g * 16 + 16, _mm512_mul_ps(xo, s));
   }
-  memcpy(xs + lks__fp8_split_len(K) - K % 16, x + G * 16, (size_t)(K % 16) * sizeof *x);
+  memcpy(xs + lks__fp8_split_head(K), x + G * 16, (size_t)(K % 16) * sizeof *x);
 }
 
 // One step at column k of RW weight rows by NX activation rows.
@@ -548,7 +556,7 @@ AVX512 INLINE void fp8_avx512_g(const uint8_t *const *w, const uint8_t *const *a
                                 int64_t K, float *out, const int RW, const int NX) {
   __m512 acc[8], p[8];
   float tail[8] = {0};
-  const int64_t K16 = K / 16 * 16, tx = lks__fp8_split_len(K) - K % 16;
+  const int64_t K16 = K / 16 * 16, tx = lks__fp8_split_head(K);
   LKS_UNROLL
   for (int j = 0; j < RW * NX; j++) acc[j] = _mm512_setzero_ps();
   for (int64_t k0 = 0, b = 0; k0 < K; k0 += blk, b++) {
@@ -593,19 +601,14 @@ AVX512 static void fp8_avx512_grid(const uint8_t *const *w, const uint8_t *const
 }
 #undef FP8_G
 
-// x as it is: split here (the products split each row once for many weight rows instead).
+// x as it is: split here (split_rows).
 AVX512 static void fp8_avx512(const uint8_t *w, const float *bs, int64_t blk,
                               const float *const *x, int nx, int64_t K, float *out) {
-  const int64_t sl = lks__fp8_split_len(K);
-  float *buf = malloc((size_t)(nx * sl) * sizeof *buf);
   const float *xs[LKS__QROWS];
-  if (!buf) {  // unreachable in practice: a few pages; the portable kernel needs none
+  float *buf = split_rows(fp8_avx512_split, lks__fp8_split_len(K), x, nx, K, xs);
+  if (!buf) {
     fp8_scalar(w, bs, blk, x, nx, K, out);
     return;
-  }
-  for (int t = 0; t < nx; t++) {
-    fp8_avx512_split(x[t], K, buf + t * sl);
-    xs[t] = buf + t * sl;
   }
   const uint8_t *wr[1] = {w};
   const float *br[1] = {bs};
@@ -815,6 +818,18 @@ static const uint8_t *row_ahead(const lks__qweight *w, int64_t r1, int64_t a, co
   return own;
 }
 
+// A kernel call's rows r .. r + nw - 1 of a task ending at r1: their codes, their scales, and
+// the rows pf and 2 pf ahead of each (ahead[i], ahead[LKS__QGRID + i]; row_ahead).
+static void call_rows(const lks__qweight *w, int64_t r, int nw, int64_t r1, int64_t pf,
+                      const uint8_t **codes, const void **sc, const uint8_t **ahead) {
+  for (int i = 0; i < nw; i++) {
+    codes[i] = w->codes + (r + i) * w->ld;
+    sc[i] = row_scales(w, r + i);
+    ahead[i] = row_ahead(w, r1, r + i + pf, codes[i]);
+    ahead[LKS__QGRID + i] = row_ahead(w, r1, r + i + 2 * pf, codes[i]);
+  }
+}
+
 // Several activation rows (prefill, batches): the one-row kernel on each weight row and up to
 // LKS__QROWS activation rows, weight rows in blocks of about 16 KB of codes, each block taken
 // against every group of activation rows in turn. Every output is the kernel's arithmetic on
@@ -863,12 +878,7 @@ static void quant_rows_blocked(const lks__quant_kernels *k, const lks__qweight *
         if (grid) {
           const uint8_t *codes[LKS__QGRID], *ahead[LKS__QAHEAD];
           const void *sc[LKS__QGRID];
-          for (int i = 0; i < nw; i++) {
-            codes[i] = w->codes + (r + i) * w->ld;
-            sc[i] = row_scales(w, r + i);
-            ahead[i] = row_ahead(w, r1, r + i + pf, codes[i]);
-            ahead[LKS__QGRID + i] = row_ahead(w, r1, r + i + 2 * pf, codes[i]);
-          }
+          call_rows(w, r, nw, r1, pf, codes, sc, ahead);
           if (nv) k->nvfp4_grid(codes, ahead, (const uint8_t *const *)sc, xs, nw, nx, K, d);
           else k->fp8_grid(codes, ahead, (const float *const *)sc, blk, xs, nw, nx, K, d);
         } else if (nv) {
@@ -965,20 +975,15 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
   }
   for (int64_t r = r0; r < r1; r += step) {
     int nw = r1 - r < step ? (int)(r1 - r) : (int)step;
-    const uint8_t *codes[LKS__QGRID];
+    const uint8_t *codes[LKS__QGRID], *ahead[LKS__QAHEAD];
     const void *sc[LKS__QGRID];
-    const uint8_t *ahead[LKS__QAHEAD];
-    for (int i = 0; i < nw; i++) {
-      codes[i] = w->codes + (r + i) * w->ld;
-      sc[i] = row_scales(w, r + i);
-      ahead[i] = row_ahead(w, r1, r + i + pf, codes[i]);
-      ahead[LKS__QGRID + i] = row_ahead(w, r1, r + i + 2 * pf, codes[i]);
-      if (!(step > 1 && k->w_ahead) && ahead[i] != codes[i])
+    call_rows(w, r, nw, r1, pf, codes, sc, ahead);
+    for (int i = 0; !(step > 1 && k->w_ahead) && i < nw; i++)
+      if (ahead[i] != codes[i])
         for (int64_t c = 0; c < row_bytes; c += 64) {
           __builtin_prefetch(ahead[i] + c, 0, 3);
           __builtin_prefetch(ahead[LKS__QGRID + i] + c, 0, 2);
         }
-    }
     float d[LKS__QGRID];
     if (step > 1) {
       if (grid && nv) k->nvfp4_grid(codes, ahead, (const uint8_t *const *)sc, &xw, nw, 1, K, d);

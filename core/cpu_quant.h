@@ -83,7 +83,8 @@ typedef struct lks__quant_kernels {
 // Floats of one split row of K columns. FP8: 32 per 32 columns of the first K / 16 * 16 (a last
 // 16 padded), then the K % 16 others as they are. NVFP4 (K a multiple of 16): 128 per 128,
 // the last padded.
-static inline int64_t lks__fp8_split_len(int64_t K) { return (K / 16 + 1) / 2 * 32 + K % 16; }
+static inline int64_t lks__fp8_split_head(int64_t K) { return (K / 16 + 1) / 2 * 32; }
+static inline int64_t lks__fp8_split_len(int64_t K) { return lks__fp8_split_head(K) + K % 16; }
 static inline int64_t lks__nvfp4_split_len(int64_t K) { return (K + 127) / 128 * 128; }
 
 const lks__quant_kernels *lks__quant_kernels_get(const char *name);
