@@ -849,6 +849,14 @@ static void quant_rows_blocked(const lks__quant_kernels *k, const lks__qweight *
   // kernel: all n rows for all blocks, up to 8 MB of them, else each group for each block
   // (split for each block, the split cost FP8 prefill 15 %); then LKS__QGRID / nx weight rows a
   // call. Without grids or the memory, the kernels on x.
+  // Groups of two activation rows against four weight rows a call where rows have 512 columns
+  // or more; eight by one below (the experts' down products of air-1g, K = 352). One thread,
+  // 1024 rows by K against 64 activation rows, G weights x rows a second, groups of 8 / 4 / 2:
+  // FP8 blocks K = 1024 21 / 26 / 34, K = 4096 22 / 35 / 36, K = 512 26 / 29 / 30, K = 352 30 /
+  // 28 / 27; NVFP4 K = 1024 23 / 31 / 34, K = 4096 22 / 35 / 37, K = 352 31 / 26 / 24. A group
+  // of eight loads 16 vectors of x for each 32 columns and its 16 FMAs, two rows 4 (and convert
+  // each weight step for two rows, not eight). The padding of split rows (against 4 KB
+  // strides) and weight blocks of 4-16 KB changed nothing.
   const lks__qsplit_fn splitter = nv ? k->nvfp4_split : k->fp8_split;
   const int64_t sl = nv ? lks__nvfp4_split_len(K) : lks__fp8_split_len(K);
   const bool whole = n * sl <= ((int64_t)8 << 20) / (int64_t)sizeof(float);
@@ -857,10 +865,11 @@ static void quant_rows_blocked(const lks__quant_kernels *k, const lks__qweight *
   const bool grid = split != NULL;
   for (int64_t t = 0; grid && whole && t < n; t++) splitter(x + t * ldx, K, split + t * sl);
   const int64_t pf = row_bytes >= 8192 ? 1 : 8192 / (row_bytes > 0 ? row_bytes : 1);
+  const int gx = grid && K >= 512 ? 2 : LKS__QROWS;
   for (int64_t b0 = r0; b0 < r1; b0 += rb) {
     int64_t b1 = b0 + rb < r1 ? b0 + rb : r1;
-    for (int64_t t0 = 0; t0 < n; t0 += LKS__QROWS) {
-      int nx = n - t0 < LKS__QROWS ? (int)(n - t0) : LKS__QROWS;
+    for (int64_t t0 = 0; t0 < n; t0 += gx) {
+      int nx = n - t0 < gx ? (int)(n - t0) : gx;
       const float *xs[LKS__QROWS];
       for (int i = 0; i < nx; i++) {
         xs[i] = x + (t0 + i) * ldx;
