@@ -81,6 +81,38 @@ static const lks__quant_kernels q_scalar = {.name = "scalar", .fp8 = fp8_scalar,
 #include <immintrin.h>
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+// The kernels on x as it is (tests, kernel_bench): x's nx rows split here into a buffer the
+// caller frees, xs[t] pointing at row t (NULL without the memory: a few pages, unreachable in
+// practice; the portable kernel needs none). The products split each row once for many weight
+// rows instead.
+static float *split_rows(lks__qsplit_fn split, int64_t sl, const float *const *x, int nx,
+                         int64_t K, const float **xs) {
+  float *buf = malloc((size_t)(nx * sl) * sizeof *buf);
+  for (int t = 0; buf && t < nx; t++) {
+    split(x[t], K, buf + t * sl);
+    xs[t] = buf + t * sl;
+  }
+  return buf;
+}
+
+// FP8's split (lks__qsplit_fn) as the AVX-2 and AVX-512 kernels read it: each 32 columns'
+// even columns, then its odd ones (a last 16 columns' 8 and 8, each followed by 8 zeros), times
+// 2^64 (FP8_X_SCALE); then the K % 16 columns past the last 16 as they are.
+#define FP8_X_SCALE 0x1p64f
+#define FP8_S_SCALE 0x1p56f
+static void fp8_split_portable(const float *x, int64_t K, float *xs) {
+  const int64_t K16 = K / 16 * 16;
+  for (int64_t c = 0; c < K16; c += 32) {
+    for (int i = 0; i < 16; i++) {
+      bool in = c + 2 * i < K16;
+      xs[c + i] = in ? x[c + 2 * i] * FP8_X_SCALE : 0.0f;
+      xs[c + 16 + i] = in ? x[c + 2 * i + 1] * FP8_X_SCALE : 0.0f;
+    }
+  }
+  memcpy(xs + lks__fp8_split_head(K), x + K16, (size_t)(K % 16) * sizeof *x);
+}
+
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
@@ -89,14 +121,6 @@ static const float e2m1_lut[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0
 
 // ---- AVX2: 8 columns a vector, two accumulators a row, rows in pairs ----
 
-// 8 codes as f32, 2^-8 times their value: sign-extended to 16 bits, shifted into half-precision
-// position, bit 14 (a copy of the sign) cleared, converted.
-AVX2 INLINE __m256 fp8x8_avx2(const uint8_t *p) {
-  __m128i h = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p));
-  h = _mm_and_si128(_mm_slli_epi16(h, 7), _mm_set1_epi16((short)0xBF80));
-  return _mm256_cvtph_ps(h);
-}
-
 AVX2 static float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -104,50 +128,129 @@ AVX2 static float hsum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// NX rows (1 or 2) of one weight row.
-AVX2 INLINE void fp8_avx2_n(const uint8_t *w, const float *bs, int64_t blk,
-                            const float *const *x, int64_t K, float *out, const int NX) {
-  __m256 acc[2][2], p[2][2];
-  float tail[2] = {0, 0};
+// FP8 on AVX2: the AVX-512 kernel's arithmetic (fp8_avx512_g, below) at 8 lanes, on x split
+// the same way (fp8_split_portable). 16 codes sign-extended to 16 bits, shifted left by 4 and
+// masked are 16 BF16 words worth 2^-120 times their values; a 32-bit lane's lower word shifted
+// up and its upper word masked are the f32 weights of 8 even and 8 odd columns: 5 integer
+// operations for 16 weights, where converting through half precision took 12 (two
+// conversions of 2 uops each). Until 2026-12-06 FP8 decode on AVX2 was slower than BF16's
+// (air-1g, 2 threads, LKS_SIMD=avx2: 79-87 against 71-93 tokens/s).
+AVX2 INLINE void fp8x16_avx2(const uint8_t *p, __m256 *we, __m256 *wo) {
+  __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+  h = _mm256_and_si256(_mm256_slli_epi16(h, 4), _mm256_set1_epi16((short)0x87FF));
+  *we = _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+  *wo = _mm256_castsi256_ps(_mm256_and_si256(h, _mm256_set1_epi32((int)0xFFFF0000)));
+}
+
+// One step at column k (32 columns, or 16 for a half step) of RW weight rows by NX split rows:
+// each pair's products into its block sum in the order even 0-14, odd 1-15, even 16-30, odd
+// 17-31 of the step.
+AVX2 INLINE void fp8_avx2_step(const uint8_t *const *w, const float *const *xs, int64_t k,
+                               bool half, __m256 *p, const int RW, const int NX) {
   LKS_UNROLL
-  for (int t = 0; t < NX; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  for (int i = 0; i < RW; i++) {
+    LKS_UNROLL
+    for (int h = 0; h < 2; h++) {
+      if (h && half) break;
+      __m256 we, wo;
+      fp8x16_avx2(w[i] + k + 16 * h, &we, &wo);
+      LKS_UNROLL
+      for (int t = 0; t < NX; t++) {
+        __m256 *q = &p[i * NX + t];
+        *q = _mm256_fmadd_ps(we, _mm256_loadu_ps(xs[t] + k + 8 * h), *q);
+        *q = _mm256_fmadd_ps(wo, _mm256_loadu_ps(xs[t] + k + 16 + 8 * h), *q);
+      }
+    }
+  }
+}
+
+// RW weight rows by NX split rows, RW * NX <= 4 (a block sum and a total each: 8 of the 16
+// registers): out[i * NX + t], each pair's arithmetic the same whatever RW and NX.
+AVX2 INLINE void fp8_avx2_g(const uint8_t *const *w, const uint8_t *const *near,
+                            const uint8_t *const *far, const float *const *bs, int64_t blk,
+                            const float *const *xs, int64_t K, float *out, const int RW,
+                            const int NX) {
+  __m256 acc[4], p[4];
+  float tail[4] = {0};
+  const int64_t K16 = K / 16 * 16, tx = lks__fp8_split_head(K);
+  LKS_UNROLL
+  for (int j = 0; j < RW * NX; j++) acc[j] = _mm256_setzero_ps();
   for (int64_t k0 = 0, b = 0; k0 < K; k0 += blk, b++) {
     int64_t k1 = k0 + blk < K ? k0 + blk : K, k = k0;
     LKS_UNROLL
-    for (int t = 0; t < NX; t++) p[t][0] = p[t][1] = _mm256_setzero_ps();
-    for (; k + 16 <= k1; k += 16) {
-      __m256 w0 = fp8x8_avx2(w + k), w1 = fp8x8_avx2(w + k + 8);
+    for (int j = 0; j < RW * NX; j++) p[j] = _mm256_setzero_ps();
+    for (; k + 32 <= k1; k += 32) {
+      if (near && !(k & 32)) {
+        LKS_UNROLL
+        for (int i = 0; i < RW; i++) {
+          _mm_prefetch((const char *)near[i] + k, _MM_HINT_T0);
+          _mm_prefetch((const char *)far[i] + k, _MM_HINT_T1);
+        }
+      }
+      fp8_avx2_step(w, xs, k, false, p, RW, NX);
+    }
+    if (k + 16 <= k1) {
+      fp8_avx2_step(w, xs, k, true, p, RW, NX);
+      k += 16;
+    }
+    LKS_UNROLL
+    for (int i = 0; i < RW; i++) {
+      __m256 s = _mm256_set1_ps(bs[i][b] * FP8_S_SCALE);
       LKS_UNROLL
       for (int t = 0; t < NX; t++) {
-        p[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[t] + k), p[t][0]);
-        p[t][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x[t] + k + 8), p[t][1]);
+        acc[i * NX + t] = _mm256_fmadd_ps(p[i * NX + t], s, acc[i * NX + t]);
+        float ts = 0;
+        for (int64_t j = k; j < k1; j++) ts += e4m3_lut[w[i][j]] * xs[t][tx + j - K16];
+        tail[i * NX + t] += ts * bs[i][b];
       }
-    }
-    if (k + 8 <= k1) {
-      __m256 w0 = fp8x8_avx2(w + k);
-      LKS_UNROLL
-      for (int t = 0; t < NX; t++) p[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[t] + k), p[t][0]);
-      k += 8;
-    }
-    __m256 s = _mm256_set1_ps(bs[b] * 256.0f);
-    LKS_UNROLL
-    for (int t = 0; t < NX; t++) {
-      acc[t][0] = _mm256_fmadd_ps(p[t][0], s, acc[t][0]);
-      acc[t][1] = _mm256_fmadd_ps(p[t][1], s, acc[t][1]);
-      float ts = 0;
-      for (int64_t j = k; j < k1; j++) ts += e4m3_lut[w[j]] * x[t][j];
-      tail[t] += ts * bs[b];
     }
   }
   LKS_UNROLL
-  for (int t = 0; t < NX; t++) out[t] = hsum8(_mm256_add_ps(acc[t][0], acc[t][1])) + tail[t];
+  for (int j = 0; j < RW * NX; j++) out[j] = hsum8(acc[j]) + tail[j];
 }
 
+// nw * nx <= LKS__QGRID pairs as sub-grids of at most 4: nx <= 4 activation rows by 4 / nx
+// weight rows, else 4 activation rows by one weight row.
+#define FP8_G2(RW, NX) fp8_avx2_g(w + i0, near, far, bs + i0, blk, xs + t0, K, o, RW, NX)
+AVX2 static void fp8_avx2_grid(const uint8_t *const *w, const uint8_t *const *ahead,
+                               const float *const *bs, int64_t blk, const float *const *xs,
+                               int nw, int nx, int64_t K, float *out) {
+  const int cx = nx < 4 ? nx : 4, cw = 4 / cx;
+  for (int i0 = 0; i0 < nw; i0 += cw)
+    for (int t0 = 0; t0 < nx; t0 += cx) {
+      int a = nw - i0 < cw ? nw - i0 : cw, c = nx - t0 < cx ? nx - t0 : cx;
+      const uint8_t *const *near = ahead ? ahead + i0 : NULL;
+      const uint8_t *const *far = ahead ? ahead + LKS__QGRID + i0 : NULL;
+      float o[4];
+      switch (c * 8 + a) {
+        case 8 + 1: FP8_G2(1, 1); break;
+        case 8 + 2: FP8_G2(2, 1); break;
+        case 8 + 3: FP8_G2(3, 1); break;
+        case 8 + 4: FP8_G2(4, 1); break;
+        case 16 + 1: FP8_G2(1, 2); break;
+        case 16 + 2: FP8_G2(2, 2); break;
+        case 24 + 1: FP8_G2(1, 3); break;
+        default: FP8_G2(1, 4); break;
+      }
+      for (int i = 0; i < a; i++)
+        for (int t = 0; t < c; t++) out[(i0 + i) * nx + t0 + t] = o[i * c + t];
+    }
+}
+#undef FP8_G2
+
+// x as it is: split here (split_rows).
 AVX2 static void fp8_avx2(const uint8_t *w, const float *bs, int64_t blk, const float *const *x,
                           int nx, int64_t K, float *out) {
-  int t = 0;
-  for (; t + 2 <= nx; t += 2) fp8_avx2_n(w, bs, blk, x + t, K, out + t, 2);
-  if (t < nx) fp8_avx2_n(w, bs, blk, x + t, K, out + t, 1);
+  const float *xs[LKS__QROWS];
+  float *buf = split_rows(fp8_split_portable, lks__fp8_split_len(K), x, nx, K, xs);
+  if (!buf) {
+    fp8_scalar(w, bs, blk, x, nx, K, out);
+    return;
+  }
+  const uint8_t *wr[1] = {w};
+  const float *br[1] = {bs};
+  fp8_avx2_grid(wr, NULL, br, blk, xs, 1, nx, K, out);
+  free(buf);
 }
 
 // 8 codes from 4 bytes (low nibble first), times the group scale.
@@ -189,61 +292,22 @@ AVX2 static void nvfp4_avx2(const uint8_t *w, const uint8_t *gs, const float *co
 }
 
 // NW weight rows (1 or 2) and one activation row: per weight row the arithmetic of
-// fp8_avx2_n / nvfp4_avx2_n with one row (the same products, accumulators and reductions).
-AVX2 INLINE void fp8_avx2_w(const uint8_t *const *w, const float *const *bs, int64_t blk,
-                            const float *x, int64_t K, float *out, const int NW) {
-  __m256 acc[2][2], p[2][2];
-  float tail[2] = {0, 0};
-  LKS_UNROLL
-  for (int r = 0; r < NW; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  for (int64_t k0 = 0, b = 0; k0 < K; k0 += blk, b++) {
-    int64_t k1 = k0 + blk < K ? k0 + blk : K, k = k0;
-    LKS_UNROLL
-    for (int r = 0; r < NW; r++) p[r][0] = p[r][1] = _mm256_setzero_ps();
-    for (; k + 16 <= k1; k += 16) {
-      __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
-      LKS_UNROLL
-      for (int r = 0; r < NW; r++) {
-        p[r][0] = _mm256_fmadd_ps(fp8x8_avx2(w[r] + k), x0, p[r][0]);
-        p[r][1] = _mm256_fmadd_ps(fp8x8_avx2(w[r] + k + 8), x1, p[r][1]);
-      }
-    }
-    if (k + 8 <= k1) {
-      __m256 x0 = _mm256_loadu_ps(x + k);
-      LKS_UNROLL
-      for (int r = 0; r < NW; r++) p[r][0] = _mm256_fmadd_ps(fp8x8_avx2(w[r] + k), x0, p[r][0]);
-      k += 8;
-    }
-    LKS_UNROLL
-    for (int r = 0; r < NW; r++) {
-      __m256 s = _mm256_set1_ps(bs[r][b] * 256.0f);
-      acc[r][0] = _mm256_fmadd_ps(p[r][0], s, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(p[r][1], s, acc[r][1]);
-      float ts = 0;
-      for (int64_t j = k; j < k1; j++) ts += e4m3_lut[w[r][j]] * x[j];
-      tail[r] += ts * bs[r][b];
-    }
-  }
-  LKS_UNROLL
-  for (int r = 0; r < NW; r++) out[r] = hsum8(_mm256_add_ps(acc[r][0], acc[r][1])) + tail[r];
-}
-
-AVX2 static void fp8_avx2_rows(const uint8_t *const *w, const uint8_t *const *ahead,
-                               const float *const *bs, int64_t blk,
-                               const float *x, int nw, int64_t K, float *out) {
-  (void)ahead;  // w_ahead false: the caller fetches ahead
-  int r = 0;
-  for (; r + 2 <= nw; r += 2) fp8_avx2_w(w + r, bs + r, blk, x, K, out + r, 2);
-  if (r < nw) fp8_avx2_w(w + r, bs + r, blk, x, K, out + r, 1);
-}
-
-AVX2 INLINE void nvfp4_avx2_w(const uint8_t *const *w, const uint8_t *const *gs, const float *x,
+// nvfp4_avx2_n with one row (the same products, accumulators and reductions).
+AVX2 INLINE void nvfp4_avx2_w(const uint8_t *const *w, const uint8_t *const *near,
+                              const uint8_t *const *far, const uint8_t *const *gs, const float *x,
                               int64_t K, float *out, const int NW) {
   __m256 lut = _mm256_loadu_ps(e2m1_lut);
   __m256 acc[2][2];
   LKS_UNROLL
   for (int r = 0; r < NW; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t g = 0; g < K / 16; g++) {
+    if (near && !(g & 7)) {  // a line of codes each 8 groups
+      LKS_UNROLL
+      for (int r = 0; r < NW; r++) {
+        _mm_prefetch((const char *)near[r] + g * 8, _MM_HINT_T0);
+        _mm_prefetch((const char *)far[r] + g * 8, _MM_HINT_T1);
+      }
+    }
     __m256 x0 = _mm256_loadu_ps(x + g * 16), x1 = _mm256_loadu_ps(x + g * 16 + 8);
     LKS_UNROLL
     for (int r = 0; r < NW; r++) {
@@ -259,10 +323,13 @@ AVX2 INLINE void nvfp4_avx2_w(const uint8_t *const *w, const uint8_t *const *gs,
 AVX2 static void nvfp4_avx2_rows(const uint8_t *const *w, const uint8_t *const *ahead,
                                  const uint8_t *const *gs,
                                  const float *x, int nw, int64_t K, float *out) {
-  (void)ahead;
   int r = 0;
-  for (; r + 2 <= nw; r += 2) nvfp4_avx2_w(w + r, gs + r, x, K, out + r, 2);
-  if (r < nw) nvfp4_avx2_w(w + r, gs + r, x, K, out + r, 1);
+  for (; r + 2 <= nw; r += 2)
+    nvfp4_avx2_w(w + r, ahead ? ahead + r : NULL, ahead ? ahead + LKS__QGRID + r : NULL, gs + r,
+                 x, K, out + r, 2);
+  if (r < nw)
+    nvfp4_avx2_w(w + r, ahead ? ahead + r : NULL, ahead ? ahead + LKS__QGRID + r : NULL, gs + r,
+                 x, K, out + r, 1);
 }
 
 // ---- AVX-512: 16 columns a vector ----
@@ -459,20 +526,6 @@ AVX512 static void nvfp4_avx512_split(const float *x, int64_t K, float *xs) {
   }
 }
 
-// The kernels on x as it is (tests, kernel_bench): x's nx rows split here into a buffer the
-// caller frees, xs[t] pointing at row t (NULL without the memory: a few pages, unreachable in
-// practice; the portable kernel needs none). The products split each row once for many weight
-// rows instead.
-static float *split_rows(lks__qsplit_fn split, int64_t sl, const float *const *x, int nx,
-                         int64_t K, const float **xs) {
-  float *buf = malloc((size_t)(nx * sl) * sizeof *buf);
-  for (int t = 0; buf && t < nx; t++) {
-    split(x[t], K, buf + t * sl);
-    xs[t] = buf + t * sl;
-  }
-  return buf;
-}
-
 AVX512 static void nvfp4_avx512(const uint8_t *w, const uint8_t *gs, const float *const *x, int nx,
                                 int64_t K, float *out) {
   const float *xs[LKS__QROWS];
@@ -503,8 +556,6 @@ AVX512 static void nvfp4_avx512(const uint8_t *w, const uint8_t *gs, const float
 // exact but for the f32 roundings of the sums (|x| >= 2^64 would overflow: no activation is).
 // A row's last block may end in a half step (16 columns, the codes' other 16 zero) and a tail
 // of K % 16 columns summed one at a time with x as it is (kept after the split columns).
-#define FP8_X_SCALE 0x1p64f
-#define FP8_S_SCALE 0x1p56f
 
 // The weights of a step's even and odd columns (half: 16 codes, the rest zero).
 AVX512 INLINE void fp8_pair(const uint8_t *p, bool half, __m512 *we, __m512 *wo) {
@@ -619,8 +670,10 @@ AVX512 static void fp8_avx512(const uint8_t *w, const float *bs, int64_t blk,
 static const lks__quant_kernels q_avx2 = {.name = "avx2",
                                           .fp8 = fp8_avx2,
                                           .nvfp4 = nvfp4_avx2,
-                                          .fp8_w = fp8_avx2_rows,
-                                          .nvfp4_w = nvfp4_avx2_rows};
+                                          .nvfp4_w = nvfp4_avx2_rows,
+                                          .w_ahead = true,
+                                          .fp8_split = fp8_split_portable,
+                                          .fp8_grid = fp8_avx2_grid};
 static const lks__quant_kernels q_avx512 = {.name = "avx512",
                                             .fp8 = fp8_avx512,
                                             .nvfp4 = nvfp4_avx512,
@@ -636,7 +689,7 @@ static const lks__quant_kernels q_avx512 = {.name = "avx512",
 
 #define INLINE static inline __attribute__((always_inline))
 
-// ---- NEON: the AVX2 kernels' arithmetic with each 8-lane vector as two 4-lane registers ----
+// ---- NEON: 8-lane vectors as two 4-lane registers (the AVX2 kernels until 2026-12-06) ----
 
 typedef struct {
   float32x4_t lo, hi;
