@@ -96,30 +96,17 @@ static float *split_rows(lks__qsplit_fn split, int64_t sl, const float *const *x
   return buf;
 }
 
-// FP8's split (lks__qsplit_fn) as the AVX-2 and AVX-512 kernels read it: each 32 columns'
-// even columns, then its odd ones (a last 16 columns' 8 and 8, each followed by 8 zeros), times
-// 2^64 (FP8_X_SCALE); then the K % 16 columns past the last 16 as they are.
 #define FP8_X_SCALE 0x1p64f
 #define FP8_S_SCALE 0x1p56f
-static void fp8_split_portable(const float *x, int64_t K, float *xs) {
-  const int64_t K16 = K / 16 * 16;
-  for (int64_t c = 0; c < K16; c += 32) {
-    for (int i = 0; i < 16; i++) {
-      bool in = c + 2 * i < K16;
-      xs[c + i] = in ? x[c + 2 * i] * FP8_X_SCALE : 0.0f;
-      xs[c + 16 + i] = in ? x[c + 2 * i + 1] * FP8_X_SCALE : 0.0f;
-    }
-  }
-  memcpy(xs + lks__fp8_split_head(K), x + K16, (size_t)(K % 16) * sizeof *x);
-}
-
+#define NV_X_SCALE 0x1p64f    // NVFP4's x, split (AVX2 and AVX-512)
+#define NV_OUT_SCALE 0x1p56f  // a row's NVFP4 total: 2^-64 x times 2^-120 s undone
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
 static const float e2m1_lut[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                                    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
-// ---- AVX2: 8 columns a vector, two accumulators a row, rows in pairs ----
+// ---- AVX2: 8 columns a vector, the AVX-512 kernels' designs (grids of up to 4 pairs) ----
 
 AVX2 static float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -128,8 +115,32 @@ AVX2 static float hsum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// FP8's split x (lks__qsplit_fn) as the AVX2 and AVX-512 kernels read it: each 32 columns'
+// even columns, then its odd ones (a last 16 columns' 8 and 8, each followed by 8 zeros), times
+// 2^64 (FP8_X_SCALE); then the K % 16 columns past the last 16 as they are.
+AVX2 INLINE __m256 fp8_even8(__m256 a, __m256 b, bool odd) {  // a's, then b's, even (odd) lanes
+  __m256 t = odd ? _mm256_shuffle_ps(a, b, 0xDD) : _mm256_shuffle_ps(a, b, 0x88);
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t), 0xD8));
+}
+
+AVX2 static void fp8_split_avx2(const float *x, int64_t K, float *xs) {
+  const int64_t K16 = K / 16 * 16;
+  const __m256 s = _mm256_set1_ps(FP8_X_SCALE), z = _mm256_setzero_ps();
+  for (int64_t c = 0; c < K16; c += 32) {
+    bool half = c + 16 == K16;
+    __m256 x0 = _mm256_loadu_ps(x + c), x1 = _mm256_loadu_ps(x + c + 8);
+    __m256 x2 = half ? z : _mm256_loadu_ps(x + c + 16), x3 = half ? z : _mm256_loadu_ps(x + c + 24);
+    _mm256_storeu_ps(xs + c, _mm256_mul_ps(fp8_even8(x0, x1, false), s));
+    _mm256_storeu_ps(xs + c + 8, _mm256_mul_ps(fp8_even8(x2, x3, false), s));
+    _mm256_storeu_ps(xs + c + 16, _mm256_mul_ps(fp8_even8(x0, x1, true), s));
+    _mm256_storeu_ps(xs + c + 24, _mm256_mul_ps(fp8_even8(x2, x3, true), s));
+  }
+  memcpy(xs + lks__fp8_split_head(K), x + K16, (size_t)(K % 16) * sizeof *x);
+}
+
+
 // FP8 on AVX2: the AVX-512 kernel's arithmetic (fp8_avx512_g, below) at 8 lanes, on x split
-// the same way (fp8_split_portable). 16 codes sign-extended to 16 bits, shifted left by 4 and
+// the same way (fp8_split_avx2). 16 codes sign-extended to 16 bits, shifted left by 4 and
 // masked are 16 BF16 words worth 2^-120 times their values; a 32-bit lane's lower word shifted
 // up and its upper word masked are the f32 weights of 8 even and 8 odd columns: 5 integer
 // operations for 16 weights, where converting through half precision took 12 (two
@@ -242,7 +253,7 @@ AVX2 static void fp8_avx2_grid(const uint8_t *const *w, const uint8_t *const *ah
 AVX2 static void fp8_avx2(const uint8_t *w, const float *bs, int64_t blk, const float *const *x,
                           int nx, int64_t K, float *out) {
   const float *xs[LKS__QROWS];
-  float *buf = split_rows(fp8_split_portable, lks__fp8_split_len(K), x, nx, K, xs);
+  float *buf = split_rows(fp8_split_avx2, lks__fp8_split_len(K), x, nx, K, xs);
   if (!buf) {
     fp8_scalar(w, bs, blk, x, nx, K, out);
     return;
@@ -253,83 +264,160 @@ AVX2 static void fp8_avx2(const uint8_t *w, const float *bs, int64_t blk, const 
   free(buf);
 }
 
-// 8 codes from 4 bytes (low nibble first), times the group scale.
-AVX2 INLINE __m256 fp4x8_avx2(const uint8_t *p, __m256 lut, __m256 s) {
-  int32_t four;
-  memcpy(&four, p, 4);
-  __m128i d = _mm_shuffle_epi8(_mm_cvtsi32_si128(four),
-                               _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1, -1, -1, -1, -1));
-  __m256i v = _mm256_srlv_epi32(_mm256_cvtepu8_epi32(d), _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
-  __m256 mag = _mm256_permutevar8x32_ps(lut, v);
-  __m256i sign = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(8)), 28);
-  return _mm256_mul_ps(_mm256_xor_ps(mag, _mm256_castsi256_ps(sign)), s);
-}
-
-AVX2 INLINE void nvfp4_avx2_n(const uint8_t *w, const uint8_t *gs, const float *const *x,
-                              int64_t K, float *out, const int NX) {
-  __m256 lut = _mm256_loadu_ps(e2m1_lut);
-  __m256 acc[2][2];
-  LKS_UNROLL
-  for (int t = 0; t < NX; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < K / 16; g++) {
-    __m256 s = _mm256_set1_ps(e4m3_lut[gs[g]]);
-    __m256 w0 = fp4x8_avx2(w + g * 8, lut, s), w1 = fp4x8_avx2(w + g * 8 + 4, lut, s);
-    LKS_UNROLL
-    for (int t = 0; t < NX; t++) {
-      acc[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[t] + g * 16), acc[t][0]);
-      acc[t][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x[t] + g * 16 + 8), acc[t][1]);
+// NVFP4 on AVX2, 64 columns (4 groups, 32 code bytes) a step. The low and the high nibbles
+// (even and odd columns), 0..15 in bytes, each index two byte shuffles: the high and the low
+// byte of their E2M1 value's BF16; the bytes interleaved into words (unpack low and high), each
+// 32-bit lane's two words made two f32 (shift, mask): 19 operations for 64 weights where the
+// kernel before took about 80 (a permute of 8 magnitudes, the sign, the scale for each 8). A
+// vector from an unpack of the low 8 bytes of each 128-bit half holds group 0 in lanes 0-3 and
+// group 2 in lanes 4-7, one of the high 8 bytes groups 1 and 3: each sums its four products
+// (qa, qb) before the scales (as on AVX-512, 2^-120 s: E4M3 bits placed in an f32) multiply
+// them. x is split once into the order of the 8 vectors (nvfp4_split_avx2), times 2^64; the
+// row's total times 2^56. A row's last step (K % 64 columns, whole groups) loads only its codes
+// and scales (masked) against zero columns of x. (The split gathers: 8.4 % of air-1g's NVFP4
+// decode on AVX2 as a loop of scalar copies.)
+AVX2 static void nvfp4_split_avx2(const float *x, int64_t K, float *xs) {
+  static const int32_t col[64] = {  // column of xs[c + 8 v + l]: the order above
+      0,  4,  8,  12, 32, 36, 40, 44, 2,  6,  10, 14, 34, 38, 42, 46, 1,  5,  9,  13, 33, 37,
+      41, 45, 3,  7,  11, 15, 35, 39, 43, 47, 16, 20, 24, 28, 48, 52, 56, 60, 18, 22, 26, 30,
+      50, 54, 58, 62, 17, 21, 25, 29, 49, 53, 57, 61, 19, 23, 27, 31, 51, 55, 59, 63};
+  const __m256 s = _mm256_set1_ps(NV_X_SCALE);
+  int64_t c = 0;
+  for (; c + 64 <= K; c += 64)
+    for (int v = 0; v < 8; v++) {
+      __m256i i = _mm256_loadu_si256((const __m256i *)(col + 8 * v));
+      _mm256_storeu_ps(xs + c + 8 * v, _mm256_mul_ps(_mm256_i32gather_ps(x + c, i, 4), s));
     }
-  }
-  LKS_UNROLL
-  for (int t = 0; t < NX; t++) out[t] = hsum8(_mm256_add_ps(acc[t][0], acc[t][1]));
+  for (int j = 0; c < K && j < 64; j++)
+    xs[c + j] = c + col[j] < K ? x[c + col[j]] * NV_X_SCALE : 0.0f;
 }
 
-AVX2 static void nvfp4_avx2(const uint8_t *w, const uint8_t *gs, const float *const *x, int nx,
-                            int64_t K, float *out) {
-  int t = 0;
-  for (; t + 2 <= nx; t += 2) nvfp4_avx2_n(w, gs, x + t, K, out + t, 2);
-  if (t < nx) nvfp4_avx2_n(w, gs, x + t, K, out + t, 1);
-}
-
-// NW weight rows (1 or 2) and one activation row: per weight row the arithmetic of
-// nvfp4_avx2_n with one row (the same products, accumulators and reductions).
-AVX2 INLINE void nvfp4_avx2_w(const uint8_t *const *w, const uint8_t *const *near,
-                              const uint8_t *const *far, const uint8_t *const *gs, const float *x,
-                              int64_t K, float *out, const int NW) {
-  __m256 lut = _mm256_loadu_ps(e2m1_lut);
-  __m256 acc[2][2];
+// The step at column c of RW weight rows by NX split rows (ng groups of it).
+AVX2 INLINE void nv2_step(const uint8_t *const *w, const uint8_t *const *gs,
+                          const float *const *xs, int64_t c, bool full, int ng, __m256 *acc,
+                          const int RW, const int NX) {
+  const __m256i tab_hi = _mm256_setr_epi8(
+      0x00, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40, -0x80, -0x41, -0x41, -0x41, -0x40, -0x40,
+      -0x40, -0x40, 0x00, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40, -0x80, -0x41, -0x41, -0x41,
+      -0x40, -0x40, -0x40, -0x40);
+  const __m256i tab_lo = _mm256_setr_epi8(
+      0x00, 0x00, -0x80, -0x40, 0x00, 0x40, -0x80, -0x40, 0x00, 0x00, -0x80, -0x40, 0x00, 0x40,
+      -0x80, -0x40, 0x00, 0x00, -0x80, -0x40, 0x00, 0x40, -0x80, -0x40, 0x00, 0x00, -0x80, -0x40,
+      0x00, 0x40, -0x80, -0x40);
+  // a scale byte (0 and 2: groups 0 and 2; 1 and 3) at bits 24..31 of each half's lanes
+  const __m256i pick_a = _mm256_setr_epi32(0x00808080, 0x00808080, 0x00808080, 0x00808080,
+                                           0x02808080, 0x02808080, 0x02808080, 0x02808080);
+  const __m256i pick_b = _mm256_setr_epi32(0x01808080, 0x01808080, 0x01808080, 0x01808080,
+                                           0x03808080, 0x03808080, 0x03808080, 0x03808080);
+  const __m256i nib = _mm256_set1_epi8(0x0F), hi16 = _mm256_set1_epi32((int)0xFFFF0000);
+  const __m256i smask = _mm256_set1_epi32((int)0x87F00000);
   LKS_UNROLL
-  for (int r = 0; r < NW; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < K / 16; g++) {
-    if (near && !(g & 7)) {  // a line of codes each 8 groups
+  for (int i = 0; i < RW; i++) {
+    const uint8_t *p = w[i] + c / 2;
+    __m256i v = full ? _mm256_loadu_si256((const __m256i *)p)
+                     : _mm256_maskload_epi32((const int *)p, _mm256_cmpgt_epi32(
+                                                 _mm256_set1_epi32(2 * ng),
+                                                 _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+    __m256i n[2] = {_mm256_and_si256(v, nib), _mm256_and_si256(_mm256_srli_epi16(v, 4), nib)};
+    __m256 f[8];
+    LKS_UNROLL
+    for (int b = 0; b < 2; b++) {
+      __m256i hb = _mm256_shuffle_epi8(tab_hi, n[b]), lb = _mm256_shuffle_epi8(tab_lo, n[b]);
+      __m256i u[2] = {_mm256_unpacklo_epi8(lb, hb), _mm256_unpackhi_epi8(lb, hb)};
       LKS_UNROLL
-      for (int r = 0; r < NW; r++) {
-        _mm_prefetch((const char *)near[r] + g * 8, _MM_HINT_T0);
-        _mm_prefetch((const char *)far[r] + g * 8, _MM_HINT_T1);
+      for (int h = 0; h < 2; h++) {
+        f[4 * h + 2 * b] = _mm256_castsi256_ps(_mm256_slli_epi32(u[h], 16));
+        f[4 * h + 2 * b + 1] = _mm256_castsi256_ps(_mm256_and_si256(u[h], hi16));
       }
     }
-    __m256 x0 = _mm256_loadu_ps(x + g * 16), x1 = _mm256_loadu_ps(x + g * 16 + 8);
+    uint32_t s4 = 0;
+    memcpy(&s4, gs[i] + c / 16, full ? 4 : (size_t)ng);
+    __m256i sb4 = _mm256_set1_epi32((int)s4);
+    __m256 sa = _mm256_castsi256_ps(
+        _mm256_and_si256(_mm256_srai_epi32(_mm256_shuffle_epi8(sb4, pick_a), 4), smask));
+    __m256 sb = _mm256_castsi256_ps(
+        _mm256_and_si256(_mm256_srai_epi32(_mm256_shuffle_epi8(sb4, pick_b), 4), smask));
     LKS_UNROLL
-    for (int r = 0; r < NW; r++) {
-      __m256 s = _mm256_set1_ps(e4m3_lut[gs[r][g]]);
-      acc[r][0] = _mm256_fmadd_ps(fp4x8_avx2(w[r] + g * 8, lut, s), x0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(fp4x8_avx2(w[r] + g * 8 + 4, lut, s), x1, acc[r][1]);
+    for (int t = 0; t < NX; t++) {
+      const float *x = xs[t] + c;
+      __m256 qa = _mm256_mul_ps(f[0], _mm256_loadu_ps(x));
+      __m256 qb = _mm256_mul_ps(f[4], _mm256_loadu_ps(x + 32));
+      LKS_UNROLL
+      for (int m = 1; m < 4; m++) {
+        qa = _mm256_fmadd_ps(f[m], _mm256_loadu_ps(x + 8 * m), qa);
+        qb = _mm256_fmadd_ps(f[4 + m], _mm256_loadu_ps(x + 32 + 8 * m), qb);
+      }
+      acc[i * NX + t] = _mm256_fmadd_ps(qa, sa, acc[i * NX + t]);
+      acc[i * NX + t] = _mm256_fmadd_ps(qb, sb, acc[i * NX + t]);
     }
   }
-  LKS_UNROLL
-  for (int r = 0; r < NW; r++) out[r] = hsum8(_mm256_add_ps(acc[r][0], acc[r][1]));
 }
 
-AVX2 static void nvfp4_avx2_rows(const uint8_t *const *w, const uint8_t *const *ahead,
-                                 const uint8_t *const *gs,
-                                 const float *x, int nw, int64_t K, float *out) {
-  int r = 0;
-  for (; r + 2 <= nw; r += 2)
-    nvfp4_avx2_w(w + r, ahead ? ahead + r : NULL, ahead ? ahead + LKS__QGRID + r : NULL, gs + r,
-                 x, K, out + r, 2);
-  if (r < nw)
-    nvfp4_avx2_w(w + r, ahead ? ahead + r : NULL, ahead ? ahead + LKS__QGRID + r : NULL, gs + r,
-                 x, K, out + r, 1);
+// RW weight rows by NX split rows, RW * NX <= 4: out[i * NX + t], each pair's arithmetic the
+// same whatever RW and NX.
+AVX2 INLINE void nvfp4_avx2_g(const uint8_t *const *w, const uint8_t *const *near,
+                              const uint8_t *const *far, const uint8_t *const *gs,
+                              const float *const *xs, int64_t K, float *out, const int RW,
+                              const int NX) {
+  __m256 acc[4];
+  LKS_UNROLL
+  for (int j = 0; j < RW * NX; j++) acc[j] = _mm256_setzero_ps();
+  int64_t c = 0;
+  for (; c + 64 <= K; c += 64) {
+    if (near && !(c & 64)) {  // a line of codes each two steps
+      LKS_UNROLL
+      for (int i = 0; i < RW; i++) {
+        _mm_prefetch((const char *)near[i] + c / 2, _MM_HINT_T0);
+        _mm_prefetch((const char *)far[i] + c / 2, _MM_HINT_T1);
+      }
+    }
+    nv2_step(w, gs, xs, c, true, 4, acc, RW, NX);
+  }
+  if (c < K) nv2_step(w, gs, xs, c, false, (int)(K - c) / 16, acc, RW, NX);
+  LKS_UNROLL
+  for (int j = 0; j < RW * NX; j++) out[j] = hsum8(acc[j]) * NV_OUT_SCALE;
+}
+
+// nw * nx <= LKS__QGRID pairs as sub-grids of at most 4 (as fp8_avx2_grid).
+#define NV_G2(RW, NX) nvfp4_avx2_g(w + i0, near, far, gs + i0, xs + t0, K, o, RW, NX)
+AVX2 static void nvfp4_avx2_grid(const uint8_t *const *w, const uint8_t *const *ahead,
+                                 const uint8_t *const *gs, const float *const *xs, int nw,
+                                 int nx, int64_t K, float *out) {
+  const int cx = nx < 4 ? nx : 4, cw = 4 / cx;
+  for (int i0 = 0; i0 < nw; i0 += cw)
+    for (int t0 = 0; t0 < nx; t0 += cx) {
+      int a = nw - i0 < cw ? nw - i0 : cw, c = nx - t0 < cx ? nx - t0 : cx;
+      const uint8_t *const *near = ahead ? ahead + i0 : NULL;
+      const uint8_t *const *far = ahead ? ahead + LKS__QGRID + i0 : NULL;
+      float o[4];
+      switch (c * 8 + a) {
+        case 8 + 1: NV_G2(1, 1); break;
+        case 8 + 2: NV_G2(2, 1); break;
+        case 8 + 3: NV_G2(3, 1); break;
+        case 8 + 4: NV_G2(4, 1); break;
+        case 16 + 1: NV_G2(1, 2); break;
+        case 16 + 2: NV_G2(2, 2); break;
+        case 24 + 1: NV_G2(1, 3); break;
+        default: NV_G2(1, 4); break;
+      }
+      for (int i = 0; i < a; i++)
+        for (int t = 0; t < c; t++) out[(i0 + i) * nx + t0 + t] = o[i * c + t];
+    }
+}
+#undef NV_G2
+
+// x as it is: split here (split_rows).
+AVX2 static void nvfp4_avx2(const uint8_t *w, const uint8_t *gs, const float *const *x, int nx,
+                            int64_t K, float *out) {
+  const float *xs[LKS__QROWS];
+  float *buf = split_rows(nvfp4_split_avx2, lks__nvfp4_split_len(K), x, nx, K, xs);
+  if (!buf) {
+    nvfp4_scalar(w, gs, x, nx, K, out);
+    return;
+  }
+  const uint8_t *wr[1] = {w}, *sr[1] = {gs};
+  nvfp4_avx2_grid(wr, NULL, sr, xs, 1, nx, K, out);
+  free(buf);
 }
 
 // ---- AVX-512: 16 columns a vector ----
@@ -401,8 +489,6 @@ AVX512 INLINE void even_odd(const float *x, bool half, __m512 *xe, __m512 *xo) {
 // codes and scales (masked) against zero columns of x. One thread, decode's path (x split, 8
 // rows a call), 352 x 1024: 15 -> 25 G weights/s in cache, 14.5 -> 17-20 out of it (131072
 // rows), against the kernel that scaled each weight, 32 columns a step, four rows a call.
-#define NV_X_SCALE 0x1p64f
-#define NV_OUT_SCALE 0x1p56f
 
 // A step's 8 group scales as 2^-120 s, group i / 2's in lane i (ng < 8: the first ng only): the
 // 8 bytes in every 64 bits, each 128 bits' shuffle putting the byte of lane i at its bits 24..31,
@@ -670,9 +756,10 @@ AVX512 static void fp8_avx512(const uint8_t *w, const float *bs, int64_t blk,
 static const lks__quant_kernels q_avx2 = {.name = "avx2",
                                           .fp8 = fp8_avx2,
                                           .nvfp4 = nvfp4_avx2,
-                                          .nvfp4_w = nvfp4_avx2_rows,
                                           .w_ahead = true,
-                                          .fp8_split = fp8_split_portable,
+                                          .nvfp4_split = nvfp4_split_avx2,
+                                          .nvfp4_grid = nvfp4_avx2_grid,
+                                          .fp8_split = fp8_split_avx2,
                                           .fp8_grid = fp8_avx2_grid};
 static const lks__quant_kernels q_avx512 = {.name = "avx512",
                                             .fp8 = fp8_avx512,
