@@ -757,6 +757,7 @@ static const lks__quant_kernels q_avx2 = {.name = "avx2",
                                           .fp8 = fp8_avx2,
                                           .nvfp4 = nvfp4_avx2,
                                           .w_ahead = true,
+                                          .group_rows = 4,
                                           .nvfp4_split = nvfp4_split_avx2,
                                           .nvfp4_grid = nvfp4_avx2_grid,
                                           .fp8_split = fp8_split_avx2,
@@ -765,6 +766,7 @@ static const lks__quant_kernels q_avx512 = {.name = "avx512",
                                             .fp8 = fp8_avx512,
                                             .nvfp4 = nvfp4_avx512,
                                             .w_ahead = true,
+                                            .group_rows = 2,
                                             .nvfp4_split = nvfp4_avx512_split,
                                             .nvfp4_grid = nvfp4_avx512_grid,
                                             .fp8_split = fp8_avx512_split,
@@ -989,8 +991,11 @@ static void quant_rows_blocked(const lks__quant_kernels *k, const lks__qweight *
   // kernel: all n rows for all blocks, up to 8 MB of them, else each group for each block
   // (split for each block, the split cost FP8 prefill 15 %); then LKS__QGRID / nx weight rows a
   // call. Without grids or the memory, the kernels on x.
-  // Groups of two activation rows against four weight rows a call where rows have 512 columns
-  // or more; eight by one below (the experts' down products of air-1g, K = 352). One thread,
+  // AVX-512: groups of two activation rows against four weight rows a call where rows have 512
+  // columns or more; eight by one below (the experts' down products of air-1g, K = 352). AVX2
+  // (grids of at most 4 pairs): groups of four, one weight row a grid (one thread, 1024 x K
+  // against 64 rows, groups of 8 / 4 / 2: FP8 K = 1024 20 / 24 / 22 G weights x rows a second,
+  // K = 352 22 / 23 / 20; NVFP4 K = 1024, groups of 2 / 4: 21 / 24). AVX-512, one thread,
   // 1024 rows by K against 64 activation rows, G weights x rows a second, groups of 8 / 4 / 2:
   // FP8 blocks K = 1024 21 / 26 / 34, K = 4096 22 / 35 / 36, K = 512 26 / 29 / 30, K = 352 30 /
   // 28 / 27; NVFP4 K = 1024 23 / 31 / 34, K = 4096 22 / 35 / 37, K = 352 31 / 26 / 24. A group
@@ -1005,7 +1010,7 @@ static void quant_rows_blocked(const lks__quant_kernels *k, const lks__qweight *
   const bool grid = split != NULL;
   for (int64_t t = 0; grid && whole && t < n; t++) splitter(x + t * ldx, K, split + t * sl);
   const int64_t pf = row_bytes >= 8192 ? 1 : 8192 / (row_bytes > 0 ? row_bytes : 1);
-  const int gx = grid && K >= 512 ? 2 : LKS__QROWS;
+  const int gx = grid && K >= 512 && k->group_rows ? k->group_rows : LKS__QROWS;
   for (int64_t b0 = r0; b0 < r1; b0 += rb) {
     int64_t b1 = b0 + rb < r1 ? b0 + rb : r1;
     for (int64_t t0 = 0; t0 < n; t0 += gx) {

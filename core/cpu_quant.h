@@ -74,6 +74,8 @@ typedef struct lks__quant_kernels {
   lks__qdot_fp8_w_fn fp8_w;      // may be NULL
   lks__qdot_nvfp4_w_fn nvfp4_w;  // may be NULL
   bool w_ahead;                  // fp8_w, nvfp4_w and the grids fetch `ahead` (else ignore it)
+  int group_rows;  // with grids, products of several rows take this many activation rows at a
+                   // time where rows have 512 columns or more (0: LKS__QROWS); see cpu_quant.c
   lks__qsplit_fn fp8_split;      // may be NULL (then fp8_grid is NULL too)
   lks__qdot_fp8_grid_fn fp8_grid;
   lks__qsplit_fn nvfp4_split;    // may be NULL (then nvfp4_grid is NULL too)
