@@ -96,10 +96,10 @@ static float *split_rows(lks__qsplit_fn split, int64_t sl, const float *const *x
   return buf;
 }
 
-#define FP8_X_SCALE 0x1p64f
-#define FP8_S_SCALE 0x1p56f
-#define NV_X_SCALE 0x1p64f    // NVFP4's x, split (AVX2 and AVX-512)
-#define NV_OUT_SCALE 0x1p56f  // a row's NVFP4 total: 2^-64 x times 2^-120 s undone
+#define FP8_X_SCALE 0x1p64f    // FP8's x, split (see fp8_avx512_g)
+#define FP8_S_SCALE 0x1p56f    // FP8's block scales: 2^-120 e4m3 times 2^64 x undone
+#define NV_X_SCALE 0x1p64f     // NVFP4's x, split (AVX2 and AVX-512)
+#define NV_OUT_SCALE 0x1p56f   // a row's NVFP4 total: 2^-64 x times 2^-120 s undone
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
@@ -138,14 +138,13 @@ AVX2 static void fp8_split_avx2(const float *x, int64_t K, float *xs) {
   memcpy(xs + lks__fp8_split_head(K), x + K16, (size_t)(K % 16) * sizeof *x);
 }
 
-
 // FP8 on AVX2: the AVX-512 kernel's arithmetic (fp8_avx512_g, below) at 8 lanes, on x split
 // the same way (fp8_split_avx2). 16 codes sign-extended to 16 bits, shifted left by 4 and
 // masked are 16 BF16 words worth 2^-120 times their values; a 32-bit lane's lower word shifted
 // up and its upper word masked are the f32 weights of 8 even and 8 odd columns: 5 integer
 // operations for 16 weights, where converting through half precision took 12 (two
-// conversions of 2 uops each). Until 2026-12-06 FP8 decode on AVX2 was slower than BF16's
-// (air-1g, 2 threads, LKS_SIMD=avx2: 79-87 against 71-93 tokens/s).
+// conversions of 2 uops each). Until 2026-12-06 FP8 decode on AVX2 was no faster than BF16's
+// (air-1g, 2 threads, LKS_SIMD=avx2: 75-86 tokens/s against 78-83; now 122-143).
 AVX2 INLINE void fp8x16_avx2(const uint8_t *p, __m256 *we, __m256 *wo) {
   __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
   h = _mm256_and_si256(_mm256_slli_epi16(h, 4), _mm256_set1_epi16((short)0x87FF));
@@ -220,32 +219,38 @@ AVX2 INLINE void fp8_avx2_g(const uint8_t *const *w, const uint8_t *const *near,
   for (int j = 0; j < RW * NX; j++) out[j] = hsum8(acc[j]) + tail[j];
 }
 
-// nw * nx <= LKS__QGRID pairs as sub-grids of at most 4: nx <= 4 activation rows by 4 / nx
-// weight rows, else 4 activation rows by one weight row.
+// A grid of nw * nx <= LKS__QGRID pairs as sub-grids of at most 4 pairs (AVX2's 16 registers):
+// nx <= 4 activation rows by 4 / nx weight rows, else 4 by one. G(RW, NX) computes weight rows
+// i0 .. and activation rows t0 .. into o[], fetching near[] and far[] ahead.
+#define AVX2_SUBGRIDS(G)                                                                 \
+  do {                                                                                   \
+    const int cx = nx < 4 ? nx : 4, cw = 4 / cx;                                         \
+    for (int i0 = 0; i0 < nw; i0 += cw)                                                  \
+      for (int t0 = 0; t0 < nx; t0 += cx) {                                              \
+        int a = nw - i0 < cw ? nw - i0 : cw, c = nx - t0 < cx ? nx - t0 : cx;            \
+        const uint8_t *const *near = ahead ? ahead + i0 : NULL;                          \
+        const uint8_t *const *far = ahead ? ahead + LKS__QGRID + i0 : NULL;              \
+        float o[4];                                                                      \
+        switch (c * 8 + a) {                                                             \
+          case 8 + 1: G(1, 1); break;                                                    \
+          case 8 + 2: G(2, 1); break;                                                    \
+          case 8 + 3: G(3, 1); break;                                                    \
+          case 8 + 4: G(4, 1); break;                                                    \
+          case 16 + 1: G(1, 2); break;                                                   \
+          case 16 + 2: G(2, 2); break;                                                   \
+          case 24 + 1: G(1, 3); break;                                                   \
+          default: G(1, 4); break;                                                       \
+        }                                                                                \
+        for (int i = 0; i < a; i++)                                                      \
+          for (int t = 0; t < c; t++) out[(i0 + i) * nx + t0 + t] = o[i * c + t];        \
+      }                                                                                  \
+  } while (0)
+
 #define FP8_G2(RW, NX) fp8_avx2_g(w + i0, near, far, bs + i0, blk, xs + t0, K, o, RW, NX)
 AVX2 static void fp8_avx2_grid(const uint8_t *const *w, const uint8_t *const *ahead,
                                const float *const *bs, int64_t blk, const float *const *xs,
                                int nw, int nx, int64_t K, float *out) {
-  const int cx = nx < 4 ? nx : 4, cw = 4 / cx;
-  for (int i0 = 0; i0 < nw; i0 += cw)
-    for (int t0 = 0; t0 < nx; t0 += cx) {
-      int a = nw - i0 < cw ? nw - i0 : cw, c = nx - t0 < cx ? nx - t0 : cx;
-      const uint8_t *const *near = ahead ? ahead + i0 : NULL;
-      const uint8_t *const *far = ahead ? ahead + LKS__QGRID + i0 : NULL;
-      float o[4];
-      switch (c * 8 + a) {
-        case 8 + 1: FP8_G2(1, 1); break;
-        case 8 + 2: FP8_G2(2, 1); break;
-        case 8 + 3: FP8_G2(3, 1); break;
-        case 8 + 4: FP8_G2(4, 1); break;
-        case 16 + 1: FP8_G2(1, 2); break;
-        case 16 + 2: FP8_G2(2, 2); break;
-        case 24 + 1: FP8_G2(1, 3); break;
-        default: FP8_G2(1, 4); break;
-      }
-      for (int i = 0; i < a; i++)
-        for (int t = 0; t < c; t++) out[(i0 + i) * nx + t0 + t] = o[i * c + t];
-    }
+  AVX2_SUBGRIDS(FP8_G2);
 }
 #undef FP8_G2
 
@@ -378,31 +383,11 @@ AVX2 INLINE void nvfp4_avx2_g(const uint8_t *const *w, const uint8_t *const *nea
   for (int j = 0; j < RW * NX; j++) out[j] = hsum8(acc[j]) * NV_OUT_SCALE;
 }
 
-// nw * nx <= LKS__QGRID pairs as sub-grids of at most 4 (as fp8_avx2_grid).
 #define NV_G2(RW, NX) nvfp4_avx2_g(w + i0, near, far, gs + i0, xs + t0, K, o, RW, NX)
 AVX2 static void nvfp4_avx2_grid(const uint8_t *const *w, const uint8_t *const *ahead,
                                  const uint8_t *const *gs, const float *const *xs, int nw,
                                  int nx, int64_t K, float *out) {
-  const int cx = nx < 4 ? nx : 4, cw = 4 / cx;
-  for (int i0 = 0; i0 < nw; i0 += cw)
-    for (int t0 = 0; t0 < nx; t0 += cx) {
-      int a = nw - i0 < cw ? nw - i0 : cw, c = nx - t0 < cx ? nx - t0 : cx;
-      const uint8_t *const *near = ahead ? ahead + i0 : NULL;
-      const uint8_t *const *far = ahead ? ahead + LKS__QGRID + i0 : NULL;
-      float o[4];
-      switch (c * 8 + a) {
-        case 8 + 1: NV_G2(1, 1); break;
-        case 8 + 2: NV_G2(2, 1); break;
-        case 8 + 3: NV_G2(3, 1); break;
-        case 8 + 4: NV_G2(4, 1); break;
-        case 16 + 1: NV_G2(1, 2); break;
-        case 16 + 2: NV_G2(2, 2); break;
-        case 24 + 1: NV_G2(1, 3); break;
-        default: NV_G2(1, 4); break;
-      }
-      for (int i = 0; i < a; i++)
-        for (int t = 0; t < c; t++) out[(i0 + i) * nx + t0 + t] = o[i * c + t];
-    }
+  AVX2_SUBGRIDS(NV_G2);
 }
 #undef NV_G2
 
