@@ -741,7 +741,6 @@ AVX512 static void fp8_avx512(const uint8_t *w, const float *bs, int64_t blk,
 static const lks__quant_kernels q_avx2 = {.name = "avx2",
                                           .fp8 = fp8_avx2,
                                           .nvfp4 = nvfp4_avx2,
-                                          .w_ahead = true,
                                           .group_rows = 4,
                                           .nvfp4_split = nvfp4_split_avx2,
                                           .nvfp4_grid = nvfp4_avx2_grid,
@@ -750,7 +749,6 @@ static const lks__quant_kernels q_avx2 = {.name = "avx2",
 static const lks__quant_kernels q_avx512 = {.name = "avx512",
                                             .fp8 = fp8_avx512,
                                             .nvfp4 = nvfp4_avx512,
-                                            .w_ahead = true,
                                             .group_rows = 2,
                                             .nvfp4_split = nvfp4_avx512_split,
                                             .nvfp4_grid = nvfp4_avx512_grid,
@@ -1063,24 +1061,20 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
   // reads next (lks__qweight.next: the next expert's rows, the thread's likely next task), else
   // nothing: each product then starts with its first rows in flight, not cold (air-1g decode, 2
   // threads, seven alternated rounds: FP8 blocks median 143.5 -> 157.6 tokens/s, 5 of 7 rounds
-  // faster; NVFP4 170.2 -> 174.3, within this host's noise). Where the several-row kernels
-  // fetch it themselves (w_ahead: AVX-512), a line each 64 bytes they read, the burst of a
-  // row's lines at once is not issued: 134 M FP8 weights out of cache, one
+  // faster; NVFP4 170.2 -> 174.3, within this host's noise). Where the grids fetch it
+  // themselves (AVX2, AVX-512), a line each 64 bytes they read, the burst of a row's lines at
+  // once is not issued: 134 M FP8 weights out of cache, one
   // thread, six alternated runs of build/kernel_bench 131072 1024: 8.3-10.2 -> 6.4-7.8 ms
   // (NVFP4 4.6-6.9 -> 4.7-6.0; air-1g FP8 decode at 2 threads, eight alternated rounds,
   // medians 134 -> 141 tokens/s, within this host's noise).
   // AVX-512: x split once for the call's rows, then LKS__QGRID weight rows a call (FP8,
   // fp8_avx512_g: air-1g FP8 decode, 2 threads, three alternated rounds 121-146 -> 140-172
   // tokens/s; 1 thread 77-88 -> 94-124. NVFP4, nvfp4_avx512_g against four rows a call of the
-  // kernel that scaled each weight: four alternated rounds 125-134 -> 148-180).
-  // One activation row (decode) with a several-row kernel: LKS__QWROWS weight rows at a time,
-  // each as the one-row kernel computes it, with four rows' loads in flight (air-1g decode, this
-  // host, six alternated pairs: FP8 blocks 98-123 -> 105-129 tokens/s, 5 pairs of 6 faster;
-  // NVFP4 109-131 -> 125-144, 6 of 6; the same speed as one row at a time in cache).
+  // kernel that scaled each weight: four alternated rounds 125-134 -> 148-180). Before the
+  // grids, four weight rows a call against one had been +10 % (FP8) and +19 % (NVFP4).
+  // Levels without grids (portable, NEON): one row at a time.
   const bool grid = nv ? k->nvfp4_grid != NULL : k->fp8_grid != NULL;  // LKS__QGRID rows by one
-  const int64_t step = grid                                        ? LKS__QGRID
-                       : (nv ? k->nvfp4_w != NULL : k->fp8_w != NULL) ? LKS__QWROWS
-                                                                      : 1;
+  const int64_t step = grid ? LKS__QGRID : 1;
   // At least a call's rows ahead: with rows over 2 KB (FP8 at K = 4096, GLM-4.5-Air's hidden
   // size) 8 KB is fewer rows than a call reads, and the fetch fell on rows the call was reading
   // already. Out of cache, one thread, FP8 blocks, two alternated runs: K = 4096 12.3-14.1 ->
@@ -1104,7 +1098,7 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
     float *buf = sl <= (int64_t)(sizeof stack_xs / sizeof *stack_xs)
                      ? stack_xs
                      : (heap_xs = malloc((size_t)sl * sizeof *heap_xs));
-    if (!buf) {  // without the memory: one row at a time, as levels without fp8_w
+    if (!buf) {  // without the memory: one row at a time, as levels without grids
       for (int64_t r = r0; r < r1; r++)
         quant_rows_blocked(k, w, r, r + 1, x, ldx, 1, bias, out, ldo, accumulate);
       return;
@@ -1117,18 +1111,16 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
     const uint8_t *codes[LKS__QGRID], *ahead[LKS__QAHEAD];
     const void *sc[LKS__QGRID];
     call_rows(w, r, nw, r1, pf, codes, sc, ahead);
-    for (int i = 0; !(step > 1 && k->w_ahead) && i < nw; i++)
+    for (int i = 0; !grid && i < nw; i++)
       if (ahead[i] != codes[i])
         for (int64_t c = 0; c < row_bytes; c += 64) {
           __builtin_prefetch(ahead[i] + c, 0, 3);
           __builtin_prefetch(ahead[LKS__QGRID + i] + c, 0, 2);
         }
     float d[LKS__QGRID];
-    if (step > 1) {
-      if (grid && nv) k->nvfp4_grid(codes, ahead, (const uint8_t *const *)sc, &xw, nw, 1, K, d);
-      else if (grid) k->fp8_grid(codes, ahead, (const float *const *)sc, blk, &xw, nw, 1, K, d);
-      else if (nv) k->nvfp4_w(codes, ahead, (const uint8_t *const *)sc, x, nw, K, d);
-      else k->fp8_w(codes, ahead, (const float *const *)sc, blk, x, nw, K, d);
+    if (grid) {
+      if (nv) k->nvfp4_grid(codes, ahead, (const uint8_t *const *)sc, &xw, nw, 1, K, d);
+      else k->fp8_grid(codes, ahead, (const float *const *)sc, blk, &xw, nw, 1, K, d);
       for (int i = 0; i < nw; i++) {
         float b = bias ? bias[r + i] : 0.0f, v = nv ? d[i] * w->global : d[i];
         float *o = out + r + i;

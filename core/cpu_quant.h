@@ -33,22 +33,6 @@ typedef void (*lks__qdot_fp8_fn)(const uint8_t *w, const float *bscale, int64_t 
 typedef void (*lks__qdot_nvfp4_fn)(const uint8_t *w, const uint8_t *gscale, const float *const *x,
                                    int nx, int64_t K, float *out);
 
-// The same for nw <= LKS__QWROWS weight rows (w[i], its scales bscale[i] / gscale[i]) and one
-// activation row: out[i] = sum_k deq(w[i][k]) * x[k], every row's arithmetic exactly that of the
-// one-row call above (NULL where a level has no such kernel: one row at a time then; levels
-// with the grids below use those). Decode's products have one activation row; several weight
-// rows at once keep more independent sums and more loads in flight.
-// ahead (NULL: none): codes that later calls read, LKS__QAHEAD pointers: as row i is read, a
-// line per 64 bytes of its codes, ahead[i] is fetched into L1 and ahead[LKS__QGRID + i], read
-// later still, into L2 only, where the level's kernels do it (w_ahead).
-enum { LKS__QWROWS = 4 };
-typedef void (*lks__qdot_fp8_w_fn)(const uint8_t *const *w, const uint8_t *const *ahead,
-                                   const float *const *bscale, int64_t blk, const float *x, int nw,
-                                   int64_t K, float *out);
-typedef void (*lks__qdot_nvfp4_w_fn)(const uint8_t *const *w, const uint8_t *const *ahead,
-                                     const uint8_t *const *gscale, const float *x, int nw,
-                                     int64_t K, float *out);
-
 // Activation rows prepared once for many weight rows: split(x, K, xs) writes x's columns in the
 // order the kernel reads them, and the grids below take such rows in place of x, out[t] bit
 // for bit what the kernel on x gives. Every product of the level, decode included:
@@ -56,8 +40,12 @@ typedef void (*lks__qdot_nvfp4_w_fn)(const uint8_t *const *w, const uint8_t *con
 typedef void (*lks__qsplit_fn)(const float *x, int64_t K, float *xs);
 
 // nw weight rows by nx split activation rows at once (nw * nx <= LKS__QGRID):
-// out[i * nx + t] = sum_k deq(w[i][k]) * x[t][k], every pair's arithmetic that of nw = nx = 1
-// (and `ahead` as for fp8_w).
+// out[i * nx + t] = sum_k deq(w[i][k]) * x[t][k], every pair's arithmetic that of nw = nx = 1.
+// Decode's products have one activation row: several weight rows at once keep more independent
+// sums and more loads in flight.
+// ahead (NULL: none): codes that later calls read, LKS__QAHEAD pointers: as row i is read, a
+// line per 64 bytes of its codes, ahead[i] is fetched into L1 and ahead[LKS__QGRID + i], read
+// later still, into L2 only.
 enum { LKS__QGRID = 8, LKS__QAHEAD = 2 * LKS__QGRID };
 typedef void (*lks__qdot_fp8_grid_fn)(const uint8_t *const *w, const uint8_t *const *ahead,
                                       const float *const *bscale, int64_t blk,
@@ -71,9 +59,6 @@ typedef struct lks__quant_kernels {
   const char *name;  // "scalar", "avx2", "avx512", "neon"
   lks__qdot_fp8_fn fp8;
   lks__qdot_nvfp4_fn nvfp4;
-  lks__qdot_fp8_w_fn fp8_w;      // may be NULL
-  lks__qdot_nvfp4_w_fn nvfp4_w;  // may be NULL
-  bool w_ahead;                  // fp8_w, nvfp4_w and the grids fetch `ahead` (else ignore it)
   int group_rows;  // with grids, products of several rows take this many activation rows at a
                    // time where rows have 512 columns or more (0: LKS__QROWS); see cpu_quant.c
   lks__qsplit_fn fp8_split;      // may be NULL (then fp8_grid is NULL too)

@@ -195,63 +195,9 @@ START_TEST(test_kernels) {
 }
 END_TEST
 
-// The several-weight-row kernels (one activation row): each row bit for bit what the one-row
-// kernel (checked against double precision above) gives for it, for every row count.
-START_TEST(test_row_kernels) {
-  uint64_t rs = 777;
-  const int64_t Ks[] = {8, 16, 24, 128, 200, 280, 528, 1024, 2 * 1408 + 8};
-  enum { W = LKS__QWROWS };
-  for (int lv = 0; lv < TU_N_SIMD_LEVELS; lv++) {
-    const lks__quant_kernels *k = lks__quant_kernels_get(levels[lv]);
-    if (!k || (!k->fp8_w && !k->nvfp4_w)) continue;
-    for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
-      int64_t K = Ks[ki];
-      uint8_t *w[W], *gs[W];
-      float *x = malloc((size_t)K * sizeof *x), bs[W][32], *bsp[W], out[W], one;
-      for (int64_t i = 0; i < K; i++) x[i] = tu_randf(&rs) * 3;
-      for (int r = 0; r < W; r++) {
-        w[r] = malloc((size_t)K);
-        gs[r] = malloc((size_t)K / 16 + 1);
-        for (int64_t i = 0; i < K; i++) w[r][i] = rand_e4m3(&rs);
-        for (int b = 0; b < 32; b++) bs[r][b] = (float)(0.001 + 0.01 * fabs(tu_randf(&rs)));
-        for (int64_t g = 0; g < K / 16; g++) gs[r][g] = (uint8_t)(rand_e4m3(&rs) & 0x7f);
-        bsp[r] = bs[r];
-      }
-      const float *xs[1] = {x};
-      // The rows are their own `ahead`, near and far (fetching them changes nothing, as any
-      // address would).
-      const uint8_t *const *wc = (const uint8_t *const *)w, *ah[LKS__QAHEAD];
-      for (int i = 0; i < LKS__QAHEAD; i++) ah[i] = w[i % W];
-      for (int nw = 1; nw <= W; nw++) {
-        for (int blk = 0; k->fp8_w && blk < 2; blk++) {
-          int64_t B = blk ? 128 : K;
-          k->fp8_w(wc, ah, (const float *const *)bsp, B, x, nw, K, out);
-          for (int r = 0; r < nw; r++) {
-            k->fp8(w[r], bs[r], B, xs, 1, K, &one);
-            ck_assert_msg(memcmp(&out[r], &one, sizeof one) == 0,
-                          "%s fp8 K=%lld blk=%lld, row %d of %d: %a vs %a alone", levels[lv],
-                          (long long)K, (long long)B, r, nw, out[r], one);
-          }
-        }
-        if (k->nvfp4_w && K % 16 == 0) {
-          k->nvfp4_w(wc, ah, (const uint8_t *const *)gs, x, nw, K, out);
-          for (int r = 0; r < nw; r++) {
-            k->nvfp4(w[r], gs[r], xs, 1, K, &one);
-            ck_assert_msg(memcmp(&out[r], &one, sizeof one) == 0,
-                          "%s nvfp4 K=%lld, row %d of %d: %a vs %a alone", levels[lv],
-                          (long long)K, r, nw, out[r], one);
-          }
-        }
-      }
-      for (int r = 0; r < W; r++) free(w[r]), free(gs[r]);
-      free(x);
-    }
-  }
-}
-END_TEST
-
-// Grids (nw weight rows by nx split activation rows): each pair bit for bit what the one-row
-// kernel on x (checked against double precision above) gives for it, for every shape.
+// Grids (nw weight rows by nx split activation rows; decode's are nw by one): each pair bit for
+// bit what the one-row kernel on x (checked against double precision above) gives for it, for
+// every shape.
 START_TEST(test_grid_kernels) {
   uint64_t rs = 4242;
   const int64_t Ks[] = {8, 16, 24, 128, 200, 240, 280, 528, 720, 1024, 2 * 1408 + 8};
@@ -443,7 +389,6 @@ int main(void) {
   tc = tcase_create("kernels");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_kernels);
-  tcase_add_test(tc, test_row_kernels);
   tcase_add_test(tc, test_grid_kernels);
   tcase_add_test(tc, test_big_batch);
   tcase_add_test(tc, test_batch_invariance);
