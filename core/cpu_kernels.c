@@ -114,16 +114,16 @@ static const lks__cpu_kernels k_scalar = {.name = "scalar",
 #define BLK_RX(blk, wp, xp, out, RW, nt, bf16, st)     \
   switch (nt) {                                        \
     case 4:                                            \
-      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 4, bf16, st); \
+      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 4, bf16, st, 0); \
       break;                                           \
     case 3:                                            \
-      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 3, bf16, st); \
+      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 3, bf16, st, 0); \
       break;                                           \
     case 2:                                            \
-      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 2, bf16, st); \
+      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 2, bf16, st, 0); \
       break;                                           \
     default:                                           \
-      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 1, bf16, st); \
+      blk(wp, ldw, xp, ldx, K, out, ldo, RW, 1, bf16, st, 0); \
   }
 
 // Where a product streams its weights from memory once (one activation row, or a few that one
@@ -142,6 +142,20 @@ static const lks__cpu_kernels k_scalar = {.name = "scalar",
 // alternated rounds, 2 threads 59-65 -> 72-85 tokens/s, 1 thread 30-34 -> 55-57 (three blocks
 // ahead: 77-89 and 47-55; the quantized kernels' far rows fetched into L1 instead of L2 gained
 // nothing). STREAM_FETCH issues both for rows [0, RW) of a block.
+// Decode on AVX-512 (DEFINE_MM's ROW1) reads one weight row at a time instead, a single
+// sequential stream, and fetches into L2 the line STREAM_FAR bytes past each line it reads (a
+// kernel call's last 16 KB fetch the rows after it, as the blocks' fetch did): each row's sum is
+// the same arithmetic as in a block (one accumulator, the same order), only the order of the
+// loads changes. On this AMD host (Zen 4, 2026-12-06) eight rows a block read memory at 0.75-0.82
+// of a plain read's speed where one at a time reads at 0.95-1 (one thread, 131072 x 1024 BF16
+// out of cache, 15 alternated runs: 17-19 -> 22-25 GB/s; 4 or 2 rows a block unrolled, 20 GB/s;
+// no software fetch, 19-25; 8 KB ahead to 32 KB alike, 64 KB slower at one thread); air-1g BF16
+// decode, three alternated rounds against ef79377: 1 thread 50-55 -> 60-66 tokens/s, 2 threads
+// 77-88 -> 82-99. From cache (rows that fit in L2) one accumulator's FMA latency bounds it,
+// 55 -> 40 GB/s, which decode never reads from. AVX2's one-row sum (8 lanes) is bound by that
+// latency at 4 bytes a cycle, below memory (air-1g decode, 1 thread, LKS_SIMD=avx2: 65 -> 46
+// tokens/s): AVX2 and NEON keep blocks of eight.
+#define STREAM_FAR 16384
 #define STREAM_LINE(k, bf16) ((((k) << ((bf16) ? 1 : 2)) & 63) == 0)
 #define STREAM_AHEAD(w, ldw, r, k, bf16) \
   ((const char *)(w) + ((int64_t)(r) * (ldw) + (k)) * ((bf16) ? 2 : 4))
@@ -153,20 +167,26 @@ static const lks__cpu_kernels k_scalar = {.name = "scalar",
         __builtin_prefetch(STREAM_AHEAD(w, ldw, i_ + 2 * (RW), k, bf16), 0, 2);                \
   } while (0)
 
-#define DEFINE_MM(level, blk, wtype, bf16, RWB, RXB)                                             \
+#define DEFINE_MM(level, blk, wtype, bf16, RWB, RXB, ROW1)                                       \
   static void mm_##wtype##_##level(const void *w, int64_t ldw, int64_t m, const float *x,        \
                                    int64_t ldx, int64_t n, int64_t K, float *out, int64_t ldo,   \
                                    void *scratch) {                                              \
     (void)scratch;                                                                               \
     size_t es = bf16 ? 2 : 4;                                                                    \
+    if (n == 1 && ROW1) {                                                                        \
+      for (int64_t r = 0; r < m; r++)                                                            \
+        blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 1, 1, bf16, false,     \
+            STREAM_FAR);                                                                         \
+      return;                                                                                    \
+    }                                                                                            \
     if (n == 1) {                                                                                \
       int64_t r = 0;                                                                             \
       for (; r + 8 <= m; r += 8)                                                                 \
-        blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 8, 1, bf16, true);     \
+        blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 8, 1, bf16, true, 0);  \
       for (; r + 4 <= m; r += 4)                                                                 \
-        blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 4, 1, bf16, true);     \
+        blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 4, 1, bf16, true, 0);  \
       for (; r < m; r++)                                                                         \
-        blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 1, 1, bf16, true);     \
+        blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 1, 1, bf16, true, 0);  \
       return;                                                                                    \
     }                                                                                            \
     for (int64_t t = 0; t < n; t += RXB) {                                                       \
@@ -217,9 +237,11 @@ INLINE AVX2 __m256 ld8_bf16_tail(const uint16_t *p, int r) {
   return ld8_bf16(b);
 }
 
-// A block of RW weight rows x RX activation rows; bf16 selects the weight type.
+// A block of RW weight rows x RX activation rows; bf16 selects the weight type. far (bytes,
+// not 0): the line that far past each line read is fetched into L2, not STREAM_FETCH's lines.
 INLINE AVX2 void blk_avx2(const void *w, int64_t ldw, const float *x, int64_t ldx, int64_t K,
-                          float *out, int64_t ldo, int RW, int RX, int bf16, bool stream) {
+                          float *out, int64_t ldo, int RW, int RX, int bf16, bool stream,
+                          int64_t far) {
   __m256 acc[8][4];
 #pragma GCC unroll 8
   for (int i = 0; i < RW; i++)
@@ -230,7 +252,9 @@ INLINE AVX2 void blk_avx2(const void *w, int64_t ldw, const float *x, int64_t ld
     __m256 xv[4];
 #pragma GCC unroll 4
     for (int j = 0; j < RX; j++) xv[j] = ld8_f32(x + j * ldx + k);
-    if ((RX == 1 || stream) && STREAM_LINE(k, bf16))  // the next block's line, as in blk_avx512
+    if (far && STREAM_LINE(k, bf16))  // as in blk_avx512
+      __builtin_prefetch(STREAM_AHEAD(w, 0, 0, k, bf16) + far, 0, 2);
+    else if ((RX == 1 || stream) && STREAM_LINE(k, bf16))
       STREAM_FETCH(w, ldw, RW, k, bf16);
 #pragma GCC unroll 8
     for (int i = 0; i < RW; i++) {
@@ -259,16 +283,16 @@ INLINE AVX2 void blk_avx2(const void *w, int64_t ldw, const float *x, int64_t ld
     for (int j = 0; j < RX; j++) out[j * ldo + i] = hsum256(acc[i][j]);
 }
 
-AVX2 DEFINE_MM(avx2, blk_avx2, bf16, 1, 4, 2) AVX2 DEFINE_MM(avx2, blk_avx2, f32, 0, 4, 2)
+AVX2 DEFINE_MM(avx2, blk_avx2, bf16, 1, 4, 2, 0) AVX2 DEFINE_MM(avx2, blk_avx2, f32, 0, 4, 2, 0)
 
     AVX2 static float dot_bf16_avx2(const uint16_t *w, const float *x, int64_t n) {
   float o;
-  blk_avx2(w, 0, x, 0, n, &o, 0, 1, 1, 1, true);
+  blk_avx2(w, 0, x, 0, n, &o, 0, 1, 1, 1, true, 0);
   return o;
 }
 AVX2 static float dot_f32_avx2(const float *w, const float *x, int64_t n) {
   float o;
-  blk_avx2(w, 0, x, 0, n, &o, 0, 1, 1, 0, true);
+  blk_avx2(w, 0, x, 0, n, &o, 0, 1, 1, 0, true, 0);
   return o;
 }
 
@@ -281,7 +305,8 @@ INLINE AVX512 __m512 ld16_bf16_bits(__m256i v) {
 }
 
 INLINE AVX512 void blk_avx512(const void *w, int64_t ldw, const float *x, int64_t ldx, int64_t K,
-                              float *out, int64_t ldo, int RW, int RX, int bf16, bool stream) {
+                              float *out, int64_t ldo, int RW, int RX, int bf16, bool stream,
+                              int64_t far) {
   __m512 acc[8][4];
 #pragma GCC unroll 8
   for (int i = 0; i < RW; i++)
@@ -295,7 +320,9 @@ INLINE AVX512 void blk_avx512(const void *w, int64_t ldw, const float *x, int64_
     // Decode streams the weights once: the same line of the next block's rows is fetched now
     // (once per 64-byte line), so a block starts on cached lines (at K = 1024 and two threads,
     // 17 -> 27 GB/s in a test of the bare loop). A hint: no fault past the end.
-    if ((RX == 1 || stream) && STREAM_LINE(k, bf16))
+    if (far && STREAM_LINE(k, bf16))
+      __builtin_prefetch(STREAM_AHEAD(w, 0, 0, k, bf16) + far, 0, 2);
+    else if ((RX == 1 || stream) && STREAM_LINE(k, bf16))
       STREAM_FETCH(w, ldw, RW, k, bf16);
 #pragma GCC unroll 8
     for (int i = 0; i < RW; i++) {
@@ -326,17 +353,17 @@ INLINE AVX512 void blk_avx512(const void *w, int64_t ldw, const float *x, int64_
     for (int j = 0; j < RX; j++) out[j * ldo + i] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
-AVX512 DEFINE_MM(avx512, blk_avx512, bf16, 1, 4, 4) AVX512
-    DEFINE_MM(avx512, blk_avx512, f32, 0, 4, 4)
+AVX512 DEFINE_MM(avx512, blk_avx512, bf16, 1, 4, 4, 1) AVX512
+    DEFINE_MM(avx512, blk_avx512, f32, 0, 4, 4, 1)
 
         AVX512 static float dot_bf16_avx512(const uint16_t *w, const float *x, int64_t n) {
   float o;
-  blk_avx512(w, 0, x, 0, n, &o, 0, 1, 1, 1, true);
+  blk_avx512(w, 0, x, 0, n, &o, 0, 1, 1, 1, true, 0);
   return o;
 }
 AVX512 static float dot_f32_avx512(const float *w, const float *x, int64_t n) {
   float o;
-  blk_avx512(w, 0, x, 0, n, &o, 0, 1, 1, 0, true);
+  blk_avx512(w, 0, x, 0, n, &o, 0, 1, 1, 0, true, 0);
   return o;
 }
 
@@ -449,9 +476,11 @@ INLINE f32x8 fma8_neon(f32x8 acc, f32x8 a, f32x8 b) {
   return (f32x8){vfmaq_f32(acc.lo, a.lo, b.lo), vfmaq_f32(acc.hi, a.hi, b.hi)};
 }
 
-// A block of RW weight rows x RX activation rows; bf16 selects the weight type.
+// A block of RW weight rows x RX activation rows; bf16 selects the weight type; far as in
+// blk_avx2.
 INLINE void blk_neon(const void *w, int64_t ldw, const float *x, int64_t ldx, int64_t K,
-                     float *out, int64_t ldo, int RW, int RX, int bf16, bool stream) {
+                     float *out, int64_t ldo, int RW, int RX, int bf16, bool stream,
+                     int64_t far) {
   f32x8 acc[8][4];
 #pragma GCC unroll 8
   for (int i = 0; i < RW; i++)
@@ -462,7 +491,9 @@ INLINE void blk_neon(const void *w, int64_t ldw, const float *x, int64_t ldx, in
     f32x8 xv[4];
 #pragma GCC unroll 4
     for (int j = 0; j < RX; j++) xv[j] = ld8_f32_neon(x + j * ldx + k);
-    if ((RX == 1 || stream) && STREAM_LINE(k, bf16))  // the next block's line, as in blk_avx512
+    if (far && STREAM_LINE(k, bf16))  // as in blk_avx512
+      __builtin_prefetch(STREAM_AHEAD(w, 0, 0, k, bf16) + far, 0, 2);
+    else if ((RX == 1 || stream) && STREAM_LINE(k, bf16))
       STREAM_FETCH(w, ldw, RW, k, bf16);
 #pragma GCC unroll 8
     for (int i = 0; i < RW; i++) {
@@ -488,20 +519,21 @@ INLINE void blk_neon(const void *w, int64_t ldw, const float *x, int64_t ldx, in
 #pragma GCC unroll 8
   for (int i = 0; i < RW; i++)
 #pragma GCC unroll 4
-    for (int j = 0; j < RX; j++) out[j * ldo + i] = vaddvq_f32(vaddq_f32(acc[i][j].lo, acc[i][j].hi));
+    for (int j = 0; j < RX; j++)
+      out[j * ldo + i] = vaddvq_f32(vaddq_f32(acc[i][j].lo, acc[i][j].hi));
 }
 
-DEFINE_MM(neon, blk_neon, bf16, 1, 4, 2)
-DEFINE_MM(neon, blk_neon, f32, 0, 4, 2)
+DEFINE_MM(neon, blk_neon, bf16, 1, 4, 2, 0)
+DEFINE_MM(neon, blk_neon, f32, 0, 4, 2, 0)
 
 static float dot_bf16_neon(const uint16_t *w, const float *x, int64_t n) {
   float o;
-  blk_neon(w, 0, x, 0, n, &o, 0, 1, 1, 1, true);
+  blk_neon(w, 0, x, 0, n, &o, 0, 1, 1, 1, true, 0);
   return o;
 }
 static float dot_f32_neon(const float *w, const float *x, int64_t n) {
   float o;
-  blk_neon(w, 0, x, 0, n, &o, 0, 1, 1, 0, true);
+  blk_neon(w, 0, x, 0, n, &o, 0, 1, 1, 0, true, 0);
   return o;
 }
 
