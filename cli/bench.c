@@ -607,6 +607,12 @@ int lks_cmd_bench(lks_settings *s) {
       wcomm_lo += lo / n_dec / reps, wcomm_hi += hi / n_dec / reps, wexec += ex / n_dec / reps;
     }
   }
+  // This host's memory speed drifts between runs (a shared virtual machine: the same decode read
+  // at 0.55-1.25 of a bandwidth measured once before it): where no other rank waits on rank 0,
+  // measured again after the decode runs, and the faster of the two is the limit (the fraction
+  // never flatters a slow stretch).
+  double bw_after = w->world == 1 ? measure_bandwidth(threads) : 0;
+  if (bw_after > bw) bw = bw_after;
   // Speculation: the same prompt and length with and without the proposer.
   const char *spec = lks_settings_str(s, "spec");
   lks_spec_stats sst = {0}, cold = {0};
@@ -654,7 +660,8 @@ int lks_cmd_bench(lks_settings *s) {
   }
   printf("bytes read per decoded token on rank 0: %.1f MB (weights %.1f MB + KV %.2f MB)\n",
          bytes_tok / 1e6, st.bytes_per_token / 1e6, kv_bytes / 1e6);
-  printf("memory bandwidth (measured, %d threads): %.2f GB/s\n", threads, bw / 1e9);
+  printf("memory bandwidth (measured, %d threads%s): %.2f GB/s\n", threads,
+         w->world == 1 ? ", the faster of before and after the decode runs" : "", bw / 1e9);
   printf("achieved: %.2f GB/s = %.2f of measured bandwidth (per rank)\n", bytes_tok * dec_tps / 1e9,
          bw > 0 ? bytes_tok * dec_tps / bw : 0.0);
   // Matrix FLOPs a prompt token costs this rank: 2 per active weight, less the embedding (a
