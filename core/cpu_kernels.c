@@ -126,10 +126,17 @@ static const lks__cpu_kernels k_scalar = {.name = "scalar",
       blk(wp, ldw, xp, ldx, K, out, ldo, RW, 1, bf16, st, 0); \
   }
 
-// Where a product streams its weights from memory once (one activation row, or a few that one
-// pass of register blocks covers: a verify's 2-4 rows, a small batch), each block fetches ahead
-// the same 64-byte line of the next block's rows: STREAM_LINE says whether column k starts a
-// line, STREAM_AHEAD is the line of row r (weights of 2 bytes with bf16, else 4). Until
+// Where a product streams its weights from memory (one activation row; a few that one pass of
+// register blocks covers: a verify's 2-4 rows, a small batch; and the first pass, its first RXB
+// activation rows, of a product with more), each block fetches ahead the same 64-byte line of
+// the next block's rows: STREAM_LINE says whether column k starts a line, STREAM_AHEAD is the
+// line of row r (weights of 2 bytes with bf16, else 4). Until 2026-12-06 the first pass of
+// more rows than RXB fetched nothing ahead, though it reads the weights from memory as decode
+// does (the later passes find them in L2): a MoE prefill's experts have few rows each (air-1g,
+// 64 tokens: 16 rows an expert on average). Fetched, air-1g BF16, two alternated rounds: prefill
+// 64 230-237 -> 298-301 tokens/s at 1 thread, 383-409 -> 490-500 at 2; prefill 512 285 -> 297
+// and 495-510 -> 490-527; batches of 16 150 -> 216-219 and 261-271 -> 358-360 (fetching on every
+// pass instead: no better, batches of 4 slower). Until
 // 2026-12-05 only one activation row did, and two rows read their weights at half its speed
 // (build/kernel_bench 65536 1024, AVX-512, one thread, three alternated runs: BF16 n = 2
 // 8.9-9.3 -> 4.7-5.7 ms, n = 1 3.9-5.4 ms; F32 n = 2 13.6-14.2 -> 9.7-12.9 ms): on the deep
@@ -195,11 +202,11 @@ static const lks__cpu_kernels k_scalar = {.name = "scalar",
       int64_t r = 0;                                                                             \
       for (; r + RWB <= m; r += RWB) {                                                           \
         const char *wr = (const char *)w + r * ldw * es;                                         \
-        BLK_RX(blk, wr, xt, out + t * ldo + r, RWB, nt, bf16, n <= RXB);                         \
+        BLK_RX(blk, wr, xt, out + t * ldo + r, RWB, nt, bf16, t == 0);                           \
       }                                                                                          \
       for (; r < m; r++) {                                                                       \
         const char *wr = (const char *)w + r * ldw * es;                                         \
-        BLK_RX(blk, wr, xt, out + t * ldo + r, 1, nt, bf16, n <= RXB);                           \
+        BLK_RX(blk, wr, xt, out + t * ldo + r, 1, nt, bf16, t == 0);                             \
       }                                                                                          \
     }                                                                                            \
   }
