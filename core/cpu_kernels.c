@@ -153,8 +153,8 @@ static const lks__cpu_kernels k_scalar = {.name = "scalar",
 // sequential stream, and fetches into L2 the line STREAM_FAR bytes past each line it reads (a
 // kernel call's last 16 KB fetch the rows after it, as the blocks' fetch did): each row's sum is
 // the same arithmetic as in a block (one accumulator, the same order), only the order of the
-// loads changes. On this AMD host (Zen 4, 2026-12-06) eight rows a block read memory at 0.75-0.82
-// of a plain read's speed where one at a time reads at 0.95-1 (one thread, 131072 x 1024 BF16
+// loads changes. On this AMD host (Zen 4, 2026-12-06) eight rows a block read memory at 0.73-0.76
+// of a plain read's speed where one at a time reads at 0.92-0.93 (one thread, 131072 x 1024 BF16
 // out of cache, 15 alternated runs: 17-19 -> 22-25 GB/s; 4 or 2 rows a block unrolled, 20 GB/s;
 // no software fetch, 19-25; 8 KB ahead to 32 KB alike, 64 KB slower at one thread); air-1g BF16
 // decode, three alternated rounds against ef79377: 1 thread 50-55 -> 60-66 tokens/s, 2 threads
