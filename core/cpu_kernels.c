@@ -149,8 +149,8 @@ static const lks__cpu_kernels k_scalar = {.name = "scalar",
 // alternated rounds, 2 threads 59-65 -> 72-85 tokens/s, 1 thread 30-34 -> 55-57 (three blocks
 // ahead: 77-89 and 47-55; the quantized kernels' far rows fetched into L1 instead of L2 gained
 // nothing). STREAM_FETCH issues both for rows [0, RW) of a block.
-// Decode on AVX-512 (DEFINE_MM's ROW1) reads one weight row at a time instead, a single
-// sequential stream, and fetches into L2 the line STREAM_FAR bytes past each line it reads (a
+// Decode on AVX-512 (DEFINE_MM's FAR, STREAM_FAR) reads one weight row at a time instead, a single
+// sequential stream, and fetches into L2 the line FAR bytes past each line it reads (a
 // kernel call's last 16 KB fetch the rows after it, as the blocks' fetch did): each row's sum is
 // the same arithmetic as in a block (one accumulator, the same order), only the order of the
 // loads changes. On this AMD host (Zen 4, 2026-12-06) eight rows a block read memory at 0.73-0.76
@@ -174,16 +174,17 @@ static const lks__cpu_kernels k_scalar = {.name = "scalar",
         __builtin_prefetch(STREAM_AHEAD(w, ldw, i_ + 2 * (RW), k, bf16), 0, 2);                \
   } while (0)
 
-#define DEFINE_MM(level, blk, wtype, bf16, RWB, RXB, ROW1)                                       \
+// FAR (bytes, not 0): decode reads rows one at a time, fetching FAR ahead (above); 0: blocks.
+#define DEFINE_MM(level, blk, wtype, bf16, RWB, RXB, FAR)                                        \
   static void mm_##wtype##_##level(const void *w, int64_t ldw, int64_t m, const float *x,        \
                                    int64_t ldx, int64_t n, int64_t K, float *out, int64_t ldo,   \
                                    void *scratch) {                                              \
     (void)scratch;                                                                               \
     size_t es = bf16 ? 2 : 4;                                                                    \
-    if (n == 1 && ROW1) {                                                                        \
+    if (n == 1 && FAR) {                                                                         \
       for (int64_t r = 0; r < m; r++)                                                            \
         blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 1, 1, bf16, false,     \
-            STREAM_FAR);                                                                         \
+            FAR);                                                                                \
       return;                                                                                    \
     }                                                                                            \
     if (n == 1) {                                                                                \
@@ -360,8 +361,8 @@ INLINE AVX512 void blk_avx512(const void *w, int64_t ldw, const float *x, int64_
     for (int j = 0; j < RX; j++) out[j * ldo + i] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
-AVX512 DEFINE_MM(avx512, blk_avx512, bf16, 1, 4, 4, 1) AVX512
-    DEFINE_MM(avx512, blk_avx512, f32, 0, 4, 4, 1)
+AVX512 DEFINE_MM(avx512, blk_avx512, bf16, 1, 4, 4, STREAM_FAR) AVX512
+    DEFINE_MM(avx512, blk_avx512, f32, 0, 4, 4, STREAM_FAR)
 
         AVX512 static float dot_bf16_avx512(const uint16_t *w, const float *x, int64_t n) {
   float o;
