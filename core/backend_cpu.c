@@ -258,7 +258,8 @@ static size_t aux_floats(const cpu_backend *c, int64_t K) {
 // F32 and BF16, F16 through a widened copy. `wide` holds aux_floats(c, K) floats. Each element is
 // summed in the kernel level's one order, whatever r0, r1 and n (batch invariance).
 // next (NULL: not known): the weight whose rows [nr0, nr1) the thread reads next, a hint that
-// quantized decode uses to fetch them ahead (lks__qweight.next).
+// decode uses to fetch them ahead (quantized: lks__qweight.next; BF16 and F32 where the level
+// streams rows one at a time: lks__mv_fn's after).
 static void mm_tile(const cpu_backend *c, lks_tensor w, int64_t r0, int64_t r1, const float *x,
                     int64_t ldx, int64_t n, float *tile, int64_t ldt, float *wide,
                     const lks_tensor *next, int64_t nr0, int64_t nr1) {
@@ -276,7 +277,14 @@ static void mm_tile(const cpu_backend *c, lks_tensor w, int64_t r0, int64_t r1, 
   }
   int64_t K = w.cols;
   const char *wb = (const char *)ptr(w) + (size_t)(r0 * w.ld) * lks_dtype_size(w.dtype);
-  if (w.dtype == LKS_BF16) {
+  lks__mv_fn mv = w.dtype == LKS_BF16 ? k->mv_bf16 : w.dtype == LKS_F32 ? k->mv_f32 : NULL;
+  if (n == 1 && mv) {  // decode: the fetch ahead goes on into the rows read next
+    bool same = next && next->qs == LKS_Q_NONE && next->dtype == w.dtype && next->ld == w.ld;
+    const char *after = same && nr0 < nr1 ? (const char *)ptr(*next) +
+                                                (size_t)(nr0 * next->ld) * lks_dtype_size(w.dtype)
+                                          : NULL;
+    mv(wb, w.ld, r1 - r0, x, K, tile, after, after ? nr1 - nr0 : 0);
+  } else if (w.dtype == LKS_BF16) {
     k->mm_bf16(wb, w.ld, r1 - r0, x, ldx, n, K, tile, ldt, wide);
   } else if (w.dtype == LKS_F32) {
     k->mm_f32(wb, w.ld, r1 - r0, x, ldx, n, K, tile, ldt, NULL);

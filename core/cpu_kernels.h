@@ -32,6 +32,11 @@ typedef float (*lks__dot_f32_fn)(const float *w, const float *x, int64_t n);
 // (only where the level has mm_scratch; NULL is fine elsewhere).
 typedef void (*lks__mm_fn)(const void *w, int64_t ldw, int64_t m, const float *x, int64_t ldx,
                            int64_t n, int64_t K, float *out, int64_t ldo, void *scratch);
+// Decode's product, where the level reads weight rows one at a time (one activation row): as mm
+// with n = 1 (the same arithmetic, bit for bit), each row's fetch ahead going on past the m rows
+// into `after`, after_rows rows of the same stride that the caller reads next (NULL: none known).
+typedef void (*lks__mv_fn)(const void *w, int64_t ldw, int64_t m, const float *x, int64_t K,
+                           float *out, const void *after, int64_t after_rows);
 
 // Attention's weighted sum of values: o[g * hd + d] += sum over p < np of w[g * ldw + p] *
 // v[p * ldv + d], for g < G and d < hd. Each element adds its np products one after another,
@@ -50,6 +55,7 @@ typedef struct lks__cpu_kernels {
   lks__dot_f32_fn dot_f32;
   lks__mm_fn mm_bf16;
   lks__mm_fn mm_f32;
+  lks__mv_fn mv_bf16, mv_f32;  // NULL where the level reads blocks of rows (mm with n = 1)
   // Bytes of scratch mm_bf16 needs for rows of K; NULL: none.
   size_t (*mm_scratch)(int64_t K);
   // Attention's scores against a BF16 KV cache, when not mm_bf16 (NULL): one cache block (a few

@@ -312,6 +312,15 @@ START_TEST(test_mm_kernels_match_dot) {
                 got[t * m + r] = out[t * LDO + r];
                 ref[t * m + r] = out_s[t * LDO + r];
               }
+            lks__mv_fn mv = bf ? k->mv_bf16 : k->mv_f32;
+            for (int a = 0; n == 1 && mv && a < 2; a++) {  // decode's stream: mm's bits exactly
+              float mvo[MAXM];
+              const void *w = bf ? (const void *)wb : (const void *)wf;
+              mv(w, ld, m, x, K, mvo, a ? w : NULL, a ? MAXM : 0);  // after: any rows will do
+              ck_assert_msg(memcmp(mvo, out, (size_t)m * sizeof *mvo) == 0,
+                            "%s mv_%s m=%lld K=%lld (after %s) differs from mm", k->name,
+                            bf ? "bf16" : "f32", (long long)m, (long long)K, a ? "set" : "NULL");
+            }
             if (!(bf && k->bf16_activations))  // (its bound: test_dot_kernels)
               ck_assert_rel(got, ref, n * m, TOL, "%s mm_%s m=%lld n=%lld K=%lld against scalar",
                             k->name, bf ? "bf16" : "f32", (long long)m, (long long)n,
