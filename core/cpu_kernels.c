@@ -165,11 +165,14 @@ static const lks__cpu_kernels k_scalar = {.name = "scalar",
 // The backend's decode calls the stream through lks__mv_fn with the rows its thread reads next
 // (the same weight's next task, up's rows after gate's, the next expert's), so a call's last
 // 16 KB fetch those instead of whatever follows the rows in memory (often an expert no token
-// chose), and the next call starts on lines in flight (stream_ahead). air-1g BF16 decode, each
-// weight's calls alternately with and without it in one process (the same alternation with
-// both sides equal moved the times by under 1 %), time a product took with it, 2026-12-06:
-// 2 threads, attention's and the dense products 0.89-0.94, the experts' gate and up 0.96-0.98,
-// down 0.985-1.0; 1 thread 0.99-1.0, 0.96-0.99 and 0.96-0.99.
+// chose), and the next call starts on lines in flight (stream_ahead). air-1g BF16 decode,
+// 2026-12-06, decode steps alternately with and without it in one process (the median step of
+// each; the same alternation with both sides equal gave 0.997-0.999): 2 threads x0.954 and
+// x0.984 the step time, 1 thread x0.995 twice. (Alternating each product's calls instead, and
+// timing the products alone, had said x0.89-0.94 for some: a call's fetches still in flight
+// when it returns are not its time. Whole runs, alternated, vary too much here to see either.)
+// PREFETCHT2 for the line ahead instead of PREFETCHT1 measured x0.986-0.989 at 1 thread and
+// x0.998-1.0 at 2 the same way: not taken.
 #define STREAM_FAR 16384
 #define STREAM_LINE(k, bf16) ((((k) << ((bf16) ? 1 : 2)) & 63) == 0)
 #define STREAM_AHEAD(w, ldw, r, k, bf16) \
