@@ -158,12 +158,18 @@ def main():
     print(f"peer: llama.cpp {commit} (node-llama-cpp {NODE_LLAMA_CPP}'s bundle), built here "
           f"with GGML_NATIVE; the same BF16 weights ({a.bf16_dir}) through its own converter; "
           f"medians of {a.rounds} rounds, each program's own 3-repeat figure a round")
-    print(f"{'threads':>7}  {'measure':<12} {'lockstep':>10} {'llama.cpp':>10} {'ratio':>7}")
+    # The two programs of a round run back to back, so a round's own ratio spans less of this
+    # shared host's drift than the ratio of the medians; both are printed, with the rounds' range.
+    print(f"{'threads':>7}  {'measure':<12} {'lockstep':>10} {'llama.cpp':>10} {'ratio':>7}"
+          f"  {'per round: median [least, most]'}")
     for t in threads:
         for m in ("decode", "prefill 64", "prefill 512"):
             x, y = med.get(("lockstep", "bf16", t, m)), med.get(("llama.cpp", "bf16", t, m))
             if x and y:
-                print(f"{t:>7}  {m:<12} {x:>10.1f} {y:>10.1f} {x / y:>7.2f}")
+                rr = [u / v for u, v in zip(samples[("lockstep", "bf16", t, m)],
+                                            samples[("llama.cpp", "bf16", t, m)])]
+                print(f"{t:>7}  {m:<12} {x:>10.1f} {y:>10.1f} {x / y:>7.2f}  "
+                      f"{statistics.median(rr):.2f} [{min(rr):.2f}, {max(rr):.2f}]")
     if a.quant:
         t = threads[-1]
         print(f"quantized, {t} threads, tokens/s and x its own BF16 (lockstep: F32 activations; "
