@@ -199,6 +199,13 @@ static inline const char *stream_ahead(const void *w, size_t rb, int64_t m, int6
   return (const char *)w + (size_t)r * rb;
 }
 
+// The one-row stream over m rows rb bytes apart (one activation row x; out[r]), each row
+// fetching from stream_ahead: mm's n = 1 path where the level has FAR, and lks__mv_fn's.
+#define STREAM_ROWS(blk, w, ldw, rb, m, x, K, out, bf16, far, after, after_rows)             \
+  for (int64_t r_ = 0; r_ < (m); r_++)                                                         \
+  blk((const char *)(w) + r_ * (rb), ldw, x, 0, K, (out) + r_, 1, 1, 1, bf16, false,           \
+      stream_ahead(w, rb, m, r_, far, after, after_rows))
+
 // FAR (bytes, not 0): decode reads rows one at a time, fetching FAR ahead (above); 0: blocks.
 #define DEFINE_MM(level, blk, wtype, bf16, RWB, RXB, FAR)                                        \
   static void mm_##wtype##_##level(const void *w, int64_t ldw, int64_t m, const float *x,        \
@@ -207,9 +214,7 @@ static inline const char *stream_ahead(const void *w, size_t rb, int64_t m, int6
     (void)scratch;                                                                               \
     size_t es = bf16 ? 2 : 4;                                                                    \
     if (n == 1 && FAR) {                                                                         \
-      for (int64_t r = 0; r < m; r++)                                                            \
-        blk((const char *)w + r * ldw * es, ldw, x, ldx, K, out + r, ldo, 1, 1, bf16, false,     \
-            stream_ahead(w, ldw * es, m, r, FAR, NULL, 0));                                      \
+      STREAM_ROWS(blk, w, ldw, ldw * es, m, x, K, out, bf16, FAR, NULL, 0);                      \
       return;                                                                                    \
     }                                                                                            \
     if (n == 1) {                                                                                \
@@ -398,10 +403,8 @@ AVX512 DEFINE_MM(avx512, blk_avx512, bf16, 1, 4, 4, STREAM_FAR) AVX512
   static void mv_##wtype##_##level(const void *w, int64_t ldw, int64_t m, const float *x,        \
                                    int64_t K, float *out, const void *after,                     \
                                    int64_t after_rows) {                                         \
-    size_t rb = (size_t)ldw * (bf16 ? 2 : 4);                                                    \
-    for (int64_t r = 0; r < m; r++)                                                              \
-      blk((const char *)w + r * rb, ldw, x, 0, K, out + r, 1, 1, 1, bf16, false,                 \
-          stream_ahead(w, rb, m, r, FAR, after, after_rows));                                    \
+    STREAM_ROWS(blk, w, ldw, (size_t)ldw * (bf16 ? 2 : 4), m, x, K, out, bf16, FAR, after,       \
+                after_rows);                                                                     \
   }
 AVX512 DEFINE_MV(avx512, blk_avx512, bf16, 1, STREAM_FAR)
 AVX512 DEFINE_MV(avx512, blk_avx512, f32, 0, STREAM_FAR)
