@@ -228,7 +228,9 @@ END_TEST
 // sum, within the bound of np + 1 float32 additions in order, (np + 1) 2^-24 sum of |terms|
 // (each fused or rounded product adds at most one more 2^-24 of its term: the + 1). Values past
 // hd in each row, rows past np and weights past np are NaN, and outputs past G heads are
-// sentinels: reading or writing them fails.
+// sentinels: reading or writing them fails. The SIMD levels (all but scalar) are also checked
+// bit for bit against one fmaf per position in order of p, each element's arithmetic whatever
+// the level's loop order and blocking (the lks__pv_fn contract, which batch invariance needs).
 START_TEST(test_pv_kernels) {
   static const char *levels[] = TU_SIMD_LEVELS;
   static const int shapes[][3] = {{1, 1, 1},  {4, 16, 64}, {12, 16, 128}, {3, 5, 32},
@@ -249,8 +251,12 @@ START_TEST(test_pv_kernels) {
       for (int64_t i = 0; i < (np + 1) * ldv; i++)
         v[i] = i / ldv < np && i % ldv < hd ? tu_randf(&rng) : NAN;
       for (int i = 0; i < G * hd + 16; i++) o[i] = i < G * hd ? tu_randf(&rng) : 7.0f;
+      float *seq = TB_NEW(float, (size_t)(G * hd));
       for (int g = 0; g < G; g++)
         for (int d = 0; d < hd; d++) {
+          float f = o[g * hd + d];
+          for (int p = 0; p < np; p++) f = fmaf(w[g * ldw + p], v[p * ldv + d], f);
+          seq[g * hd + d] = f;
           double s = o[g * hd + d], m = fabs(s);
           for (int p = 0; p < np; p++) {
             s += (double)w[g * ldw + p] * v[p * ldv + d];
@@ -264,6 +270,9 @@ START_TEST(test_pv_kernels) {
         ck_assert_msg(fabs(o[i] - ref[i]) <= (np + 1) * 0x1p-24 * mag[i],
                       "%s pv G=%d np=%d hd=%d [%d]: %.9g vs %.9g", k->name, G, np, hd, i, o[i],
                       ref[i]);
+      for (int i = 0; strcmp(k->name, "scalar") != 0 && i < G * hd; i++)
+        ck_assert_msg(o[i] == seq[i], "%s pv G=%d np=%d hd=%d [%d]: %.9g, in order %.9g",
+                      k->name, G, np, hd, i, o[i], seq[i]);
       for (int i = G * hd; i < G * hd + 16; i++) ck_assert_float_eq(o[i], 7.0f);
     }
   }
