@@ -403,7 +403,7 @@ static inline void fetch_l2(const char *p) {
 // memory, 2.7 ms from cache, 2.5 ms a plain read of the same bytes). attn_task fetches the block
 // KV_FETCH_BLOCKS ahead of the one it reads, K's while it scores and V's while it sums: air-1g
 // decode at 2000-2200 positions, steps alternately with and without it in one process (the
-// median step of each), F32 cache: BF16 weights x0.92-0.93 (1 thread) and x0.91-0.93 (2), FP8
+// median step of each), F32 cache: BF16 weights x0.93-0.94 (1 thread) and x0.90-0.93 (2), FP8
 // x0.93 and x0.90; BF16 cache x0.97 and x0.95; 8-408 positions x0.99 and x0.98. 2, 6 or 8
 // blocks ahead did the same as 4; PREFETCHT0 (into L1) was slower than none in the model.
 #define KV_FETCH_BLOCKS 4

@@ -946,8 +946,8 @@ static const uint8_t *row_ahead(const lks__qweight *w, int64_t r1, int64_t a, co
 // A kernel call's rows r .. r + nw - 1 of a task ending at r1: their codes, their scales, and
 // the rows pf and 2 pf ahead of each (ahead[i], ahead[LKS__QGRID + i]; row_ahead). Where the
 // rows 2 pf ahead are still the task's, without row_ahead's tests for each row: decode makes a
-// call of 8 rows for every 2.8 K weights of the experts' down rows (K = 352), and the tests took
-// 1.6 % of air-1g's FP8 and NVFP4 decode step at one thread (steps alternated in one process,
+// call of 8 rows for every 2.8 K weights of the experts' down rows (K = 352), and the tests cost
+// about 1.6 % of air-1g's FP8 and NVFP4 decode step at one thread (steps alternated in one process,
 // the median step of each side: x0.977-0.987 FP8, x0.984 NVFP4; at 2 threads x0.99-1.0 FP8,
 // x0.984 NVFP4).
 static void call_rows(const lks__qweight *w, int64_t r, int nw, int64_t r1, int64_t pf,
