@@ -394,8 +394,15 @@ static inline void fetch_l2(const char *p) {
 #endif
 }
 
-// Block b's rows of one KV head (rows kv_ld elements of es bytes apart, the head's hd elements
-// at kvh * hd), the last block's first n_pos % bs only, fetched into L2.
+// The first row of block b (of the sequence's block table bt) for one KV head: rows kv_ld elements
+// of es bytes apart, the head's hd elements at kvh * hd.
+static const char *head_block(const char *pool, const int32_t *bt, int b, int bs, int64_t kv_ld,
+                              int kvh, int hd, size_t es) {
+  return pool + ((int64_t)bt[b] * bs * kv_ld + (int64_t)kvh * hd) * (int64_t)es;
+}
+
+// Block b's rows of one KV head (head_block), the last block's first n_pos % bs only, fetched
+// into L2.
 // Decode's attention reads the cache from memory (a step's weights pass through the caches
 // between one layer's attention and the next token's), and without the fetch its loads waited:
 // its arithmetic and its reads took about as long each, one after the other (a model of the
@@ -410,7 +417,7 @@ static inline void fetch_l2(const char *p) {
 static void fetch_head_block(const char *pool, const int32_t *bt, int b, int bs, int n_pos,
                              int64_t kv_ld, int kvh, int hd, size_t es) {
   int n = n_pos - b * bs < bs ? n_pos - b * bs : bs;
-  const char *r = pool + ((int64_t)bt[b] * bs * kv_ld + (int64_t)kvh * hd) * (int64_t)es;
+  const char *r = head_block(pool, bt, b, bs, kv_ld, kvh, hd, es);
   for (int i = 0; i < n; i++, r += kv_ld * (int64_t)es)
     for (int64_t o = 0; o < hd * (int64_t)es; o += 64) fetch_l2(r + o);
 }
@@ -437,7 +444,7 @@ static void attn_task(void *ctx, int task, int thread) {
   lks__mm_fn scores_bf16 = j->c->k->mm_bf16_kv ? j->c->k->mm_bf16_kv : j->c->k->mm_bf16;
   for (int p0 = 0; p0 < n_pos; p0 += bs) {
     int np = n_pos - p0 < bs ? n_pos - p0 : bs;
-    const char *kb = K + ((int64_t)bt[p0 / bs] * bs * kv_ld + kvh * hd) * es;
+    const char *kb = head_block(K, bt, p0 / bs, bs, kv_ld, kvh, hd, es);
     if (p0 / bs + KV_FETCH_BLOCKS < n_blocks)
       fetch_head_block(K, bt, p0 / bs + KV_FETCH_BLOCKS, bs, n_pos, kv_ld, kvh, hd, es);
     if (bf16) scores_bf16(kb, kv_ld, np, q, hd, group, hd, s + p0, n_pos, NULL);
@@ -448,7 +455,7 @@ static void attn_task(void *ctx, int task, int thread) {
   for (int64_t d = 0; d < (int64_t)group * hd; d++) o[d] = 0;
   for (int p0 = 0; p0 < n_pos; p0 += bs) {
     int np = n_pos - p0 < bs ? n_pos - p0 : bs;
-    const char *vb = V + ((int64_t)bt[p0 / bs] * bs * kv_ld + kvh * hd) * es;
+    const char *vb = head_block(V, bt, p0 / bs, bs, kv_ld, kvh, hd, es);
     if (p0 / bs + KV_FETCH_BLOCKS < n_blocks)
       fetch_head_block(V, bt, p0 / bs + KV_FETCH_BLOCKS, bs, n_pos, kv_ld, kvh, hd, es);
     if (bf16) j->c->k->pv_bf16(s + p0, n_pos, group, (const uint16_t *)vb, kv_ld, np, hd, o);
