@@ -2,10 +2,11 @@
 // Dot-product kernels of the CPU backend (see cpu_kernels.h). Decode is bound by memory
 // bandwidth, so the BF16 kernels widen weights to f32 in registers (a shift) and use f32 FMAs:
 // the arithmetic is exactly that of the F32 path, with half the bytes read. One accumulator per
-// output keeps the order fixed; the blocked kernels get their parallelism from several outputs
-// at once instead (8 weight rows for one activation row in decode, 4 x 4 in batches on
-// AVX-512, 4 x 2 on AVX2 and NEON), and reuse each loaded weight chunk for several activation
-// rows.
+// output (a register on AVX-512, a pair on AVX2 and NEON) keeps the order fixed; decode reads one
+// weight row at a time on AVX-512 and AVX2 (below), and the blocked kernels get their
+// parallelism from several outputs at once (4 x 4 in batches on AVX-512, 3 x 2 on AVX2, 4 x 2 on
+// NEON, and 8 weight rows for one activation row on NEON), reusing each loaded weight chunk for
+// several activation rows.
 #include "core/cpu_kernels.h"
 
 #include <math.h>
@@ -159,9 +160,9 @@ static const lks__cpu_kernels k_scalar = {.name = "scalar",
 // no software fetch, 19-25; 8 KB ahead to 32 KB alike, 64 KB slower at one thread); air-1g BF16
 // decode, three alternated rounds against ef79377: 1 thread 50-55 -> 60-66 tokens/s, 2 threads
 // 77-88 -> 82-99. From cache (rows that fit in L2) one accumulator's FMA latency bounds it,
-// 55 -> 40 GB/s, which decode never reads from. AVX2's one-row sum (8 lanes) is bound by that
-// latency at 4 bytes a cycle, below memory (air-1g decode, 1 thread, LKS_SIMD=avx2: 65 -> 46
-// tokens/s): AVX2 and NEON keep blocks of eight.
+// 55 -> 40 GB/s, which decode never reads from. A one-row sum in one 8-lane register is bound by
+// that latency at 4 bytes a cycle, below memory (air-1g decode, 1 thread, LKS_SIMD=avx2 on that
+// host: 65 -> 46 tokens/s): NEON keeps blocks of eight; AVX2 sums in two registers (below).
 // The backend's decode calls the stream through lks__mv_fn with the rows its thread reads next
 // (the same weight's next task, up's rows after gate's, the next expert's), so a call's last
 // 16 KB fetch those instead of whatever follows the rows in memory (often an expert no token
@@ -250,7 +251,25 @@ static inline const char *stream_ahead(const void *w, size_t rb, int64_t m, int6
 
 #define INLINE static inline __attribute__((always_inline))
 
-// ---- AVX2: 8 lanes ----
+// ---- AVX2: 16 lanes, as two 8-lane registers ----
+//
+// One output's accumulator is a pair of registers, lo (elements k..k+7 of each chunk of 16) and
+// hi (k+8..k+15): lane j of the pair sums elements j, j+16, ..., in order, as AVX-512's one
+// register does; then hsum256(lo + hi). The last chunk is zero-padded. The two chains of FMAs
+// let decode read one weight row at a time (DEFINE_MM's FAR, as AVX-512 does). Until 2026-12-06
+// AVX2 kept one register an output (lanes j, j+8, ...): one row's sum was then bound by the FMA's
+// latency, so decode read blocks of eight rows, eight streams, fetching the next block's lines
+// into L1 (8 rows of 4 KB fill it: K = 2048 BF16, K = 1024 F32). On an AVX2-only host (AMD EPYC,
+// Zen 3; a plain read 11-15.6 GB/s at one thread), weights of 256 MB out of cache, medians of
+// 3-11 alternated runs: eight-row blocks read at 0.46-0.75 of a plain read (K = 1024), 0.35-0.36
+// (K = 4096), 0.47-0.62 (K = 352); one row with two registers and the fetch 16 KB ahead at
+// 0.82-1.0, 0.86 and 0.77-0.83 (blocks of 2 or 4 rows, one register each, with that fetch:
+// 0.56-0.76; four registers, or 8 to 64 KB ahead: the same). air-1g BF16 decode, three
+// alternated rounds: 1 thread 28.4-31.3 -> 30.8-34.0 tokens/s, 2 threads 41.9-46.8 -> 54.9-56.7.
+// Batches take blocks of 3 x 2 (12 accumulator registers, 2 activation, 1 weight): as fast as
+// the 4 x 2 blocks of one register before (one thread, 1024 x 1024 by 512 rows 42.0 and 39.4
+// GFLOP/s, 4096 x 1024 by 64 44.8 and 42.7, 352 x 1024 by 16 28.8 and 28.9), where 2 x 2 measured
+// 8-24 % slower and 4 x 2 (16 accumulators: they spill) 5-11 %.
 
 #define AVX2 __attribute__((target("avx2,fma")))
 
@@ -261,9 +280,8 @@ INLINE AVX2 float hsum256(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// Elements [k, k + 8) of a row; the tail (r = K - k < 8 elements) zero-padded.
 INLINE AVX2 __m256 ld8_f32(const float *p) { return _mm256_loadu_ps(p); }
-INLINE AVX2 __m256 ld8_bf16(const uint16_t *p) {
+INLINE AVX2 __m256 ld8_bf16(const uint16_t *p) {  // widened by a shift of 16: exact
   __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
@@ -277,57 +295,71 @@ INLINE AVX2 __m256 ld8_bf16_tail(const uint16_t *p, int r) {
   memcpy(b, p, (size_t)r * sizeof *b);
   return ld8_bf16(b);
 }
-
 // A block of RW weight rows x RX activation rows; bf16 selects the weight type. ahead (not
 // NULL): as each line of the row at w is read, the line at the same offset from ahead is fetched
 // into L2 (stream_ahead), not STREAM_FETCH's lines.
 INLINE AVX2 void blk_avx2(const void *w, int64_t ldw, const float *x, int64_t ldx, int64_t K,
                           float *out, int64_t ldo, int RW, int RX, int bf16, bool stream,
                           const char *ahead) {
-  __m256 acc[8][4];
+  __m256 acc[2][8][4];  // [half][row][activation row]
+  size_t es = bf16 ? 2 : 4;
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; h++)
 #pragma GCC unroll 8
-  for (int i = 0; i < RW; i++)
+    for (int i = 0; i < RW; i++)
 #pragma GCC unroll 4
-    for (int j = 0; j < RX; j++) acc[i][j] = _mm256_setzero_ps();
+      for (int j = 0; j < RX; j++) acc[h][i][j] = _mm256_setzero_ps();
   int64_t k = 0;
-  for (; k + 8 <= K; k += 8) {
-    __m256 xv[4];
-#pragma GCC unroll 4
-    for (int j = 0; j < RX; j++) xv[j] = ld8_f32(x + j * ldx + k);
+  for (; k + 16 <= K; k += 16) {
     if (ahead && STREAM_LINE(k, bf16))  // as in blk_avx512
-      __builtin_prefetch(ahead + k * (bf16 ? 2 : 4), 0, 2);
+      __builtin_prefetch(ahead + k * es, 0, 2);
     else if ((RX == 1 || stream) && STREAM_LINE(k, bf16))
       STREAM_FETCH(w, ldw, RW, k, bf16);
-#pragma GCC unroll 8
-    for (int i = 0; i < RW; i++) {
-      __m256 wv = bf16 ? ld8_bf16((const uint16_t *)w + i * ldw + k)
-                       : ld8_f32((const float *)w + i * ldw + k);
+    // One half at a time: the block's accumulators of that half, its RX activation vectors
+    // and one weight vector live at once (8 + 2 + 1 registers at 2 x 2, so nothing spills).
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+      __m256 xv[4];
 #pragma GCC unroll 4
-      for (int j = 0; j < RX; j++) acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
+      for (int j = 0; j < RX; j++) xv[j] = ld8_f32(x + j * ldx + k + 8 * h);
+#pragma GCC unroll 8
+      for (int i = 0; i < RW; i++) {
+        const char *wp = (const char *)w + (i * ldw + k + 8 * h) * es;
+        __m256 wv = bf16 ? ld8_bf16((const uint16_t *)wp) : ld8_f32((const float *)wp);
+#pragma GCC unroll 4
+        for (int j = 0; j < RX; j++) acc[h][i][j] = _mm256_fmadd_ps(wv, xv[j], acc[h][i][j]);
+      }
     }
   }
   if (k < K) {
-    int r = (int)(K - k);
-    __m256 xv[4];
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+      int r = (int)(K - k) - 8 * h;  // elements of this half, zero-padded (none: all zeros)
+      r = r < 0 ? 0 : r > 8 ? 8 : r;
+      __m256 xv[4];
 #pragma GCC unroll 4
-    for (int j = 0; j < RX; j++) xv[j] = ld8_f32_tail(x + j * ldx + k, r);
+      for (int j = 0; j < RX; j++) xv[j] = ld8_f32_tail(x + j * ldx + k + 8 * h, r);
 #pragma GCC unroll 8
-    for (int i = 0; i < RW; i++) {
-      __m256 wv = bf16 ? ld8_bf16_tail((const uint16_t *)w + i * ldw + k, r)
-                       : ld8_f32_tail((const float *)w + i * ldw + k, r);
+      for (int i = 0; i < RW; i++) {
+        const char *wp = (const char *)w + (i * ldw + k + 8 * h) * es;
+        __m256 wv =
+            bf16 ? ld8_bf16_tail((const uint16_t *)wp, r) : ld8_f32_tail((const float *)wp, r);
 #pragma GCC unroll 4
-      for (int j = 0; j < RX; j++) acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
+        for (int j = 0; j < RX; j++) acc[h][i][j] = _mm256_fmadd_ps(wv, xv[j], acc[h][i][j]);
+      }
     }
   }
 #pragma GCC unroll 8
   for (int i = 0; i < RW; i++)
 #pragma GCC unroll 4
-    for (int j = 0; j < RX; j++) out[j * ldo + i] = hsum256(acc[i][j]);
+    for (int j = 0; j < RX; j++)
+      out[j * ldo + i] = hsum256(_mm256_add_ps(acc[0][i][j], acc[1][i][j]));
 }
 
-AVX2 DEFINE_MM(avx2, blk_avx2, bf16, 1, 4, 2, 0) AVX2 DEFINE_MM(avx2, blk_avx2, f32, 0, 4, 2, 0)
+AVX2 DEFINE_MM(avx2, blk_avx2, bf16, 1, 3, 2, STREAM_FAR)
+AVX2 DEFINE_MM(avx2, blk_avx2, f32, 0, 3, 2, STREAM_FAR)
 
-    AVX2 static float dot_bf16_avx2(const uint16_t *w, const float *x, int64_t n) {
+AVX2 static float dot_bf16_avx2(const uint16_t *w, const float *x, int64_t n) {
   float o;
   blk_avx2(w, 0, x, 0, n, &o, 0, 1, 1, 1, true, NULL);
   return o;
@@ -408,6 +440,8 @@ AVX512 DEFINE_MM(avx512, blk_avx512, bf16, 1, 4, 4, STREAM_FAR) AVX512
   }
 AVX512 DEFINE_MV(avx512, blk_avx512, bf16, 1, STREAM_FAR)
 AVX512 DEFINE_MV(avx512, blk_avx512, f32, 0, STREAM_FAR)
+AVX2 DEFINE_MV(avx2, blk_avx2, bf16, 1, STREAM_FAR)
+AVX2 DEFINE_MV(avx2, blk_avx2, f32, 0, STREAM_FAR)
 
         AVX512 static float dot_bf16_avx512(const uint16_t *w, const float *x, int64_t n) {
   float o;
@@ -458,6 +492,8 @@ static const lks__cpu_kernels k_avx2 = {.name = "avx2",
                                         .dot_f32 = dot_f32_avx2,
                                         .mm_bf16 = mm_bf16_avx2,
                                         .mm_f32 = mm_f32_avx2,
+                                        .mv_bf16 = mv_bf16_avx2,
+                                        .mv_f32 = mv_f32_avx2,
                                         .pv = pv_avx2,
                                         .pv_bf16 = pv_bf16_avx2};
 static const lks__cpu_kernels k_avx512 = {.name = "avx512",

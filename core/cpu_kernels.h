@@ -9,14 +9,14 @@
 // tiles, f32 activations kept exact (cpu_amx.c; README "AMX" has its measurements). Internal
 // to core/.
 //
-// Batch invariance: within a level every kernel computes each dot product in one fixed order
-// that depends only on K (for the vector levels: one accumulator vector, chunks of the vector
-// width in order, the last chunk zero-padded, then a fixed horizontal sum; NEON's vector is 8
-// lanes held in two registers). So mm_* gives,
-// element for element, the bits of dot_*, whatever the block shapes, and BF16 equals F32 on the
-// widened weights; a row's result never depends on the other rows of its batch. The amx level's
-// mm_bf16 sums in its own order (cpu_amx.c), also fixed by K alone (so its BF16 differs from its
-// F32 by rounding): its dot_bf16 is mm_bf16 of one row and one column.
+// Batch invariance: within a level every kernel computes each dot product in one fixed order that
+// depends only on K (for the vector levels: one accumulator vector, chunks of the vector width in
+// order, the last chunk zero-padded, then a fixed horizontal sum; NEON's vector is 8 lanes held in
+// two registers, AVX2's 16 lanes in two). So mm_* gives, element for element, the bits of dot_*,
+// whatever the block shapes, and BF16 equals F32 on the widened weights; a row's result never
+// depends on the other rows of its batch. The amx level's mm_bf16 sums in its own order
+// (cpu_amx.c), also fixed by K alone (so its BF16 differs from its F32 by rounding): its dot_bf16
+// is mm_bf16 of one row and one column.
 #ifndef LKS_CPU_KERNELS_H
 #define LKS_CPU_KERNELS_H
 
