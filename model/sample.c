@@ -219,12 +219,15 @@ static scratch *scratch_get(int V) {
   return b;
 }
 
-// bins[i] = the bin of token i, in one vectorisable pass.
-LKS_VECTORIZE static void bin_all(const float *l, int V, float mx,
-                                                                float inv_t, uint16_t *bins) {
+// bins[i] = the bin of token i, in one vectorisable pass: the key clamped, then converted (a
+// conversion under the condition, which may trap to gcc, kept it one element at a time below
+// AVX-512 until 2026-12-06).
+LKS_VECTORIZE LKS_WIDE_CLONES static void bin_all(const float *l, int V, float mx, float inv_t,
+                                                  uint16_t *bins) {
   for (int i = 0; i < V; i++) {
     float d = (mx - l[i]) * inv_t * BINS_PER_UNIT;
-    bins[i] = (uint16_t)(d < (float)(BINS - 1) ? (int)d : BINS - 1);
+    d = d < (float)(BINS - 1) ? d : (float)(BINS - 1);  // and NaN: the last bin, as before
+    bins[i] = (uint16_t)(int)d;
   }
 }
 
