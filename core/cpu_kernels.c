@@ -280,8 +280,10 @@ INLINE AVX2 float hsum256(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// Elements [k, k + 8) of a row (BF16 widened by a shift of 16: exact); the tail (r = K - k < 8
+// elements, 0 for a last chunk's empty half) zero-padded.
 INLINE AVX2 __m256 ld8_f32(const float *p) { return _mm256_loadu_ps(p); }
-INLINE AVX2 __m256 ld8_bf16(const uint16_t *p) {  // widened by a shift of 16: exact
+INLINE AVX2 __m256 ld8_bf16(const uint16_t *p) {
   __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
@@ -315,8 +317,8 @@ INLINE AVX2 void blk_avx2(const void *w, int64_t ldw, const float *x, int64_t ld
       __builtin_prefetch(ahead + k * es, 0, 2);
     else if ((RX == 1 || stream) && STREAM_LINE(k, bf16))
       STREAM_FETCH(w, ldw, RW, k, bf16);
-    // One half at a time: the block's accumulators of that half, its RX activation vectors
-    // and one weight vector live at once (8 + 2 + 1 registers at 2 x 2, so nothing spills).
+    // Both halves' accumulators stay in registers (2 RW RX: 12 at 3 x 2); a half at a time
+    // loads its RX activation vectors and one weight vector beside them (15 of 16).
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
       __m256 xv[4];
