@@ -219,15 +219,13 @@ static scratch *scratch_get(int V) {
   return b;
 }
 
-// bins[i] = the bin of token i, in one vectorisable pass: the key clamped, then converted (a
-// conversion under the condition, which may trap to gcc, kept it one element at a time below
-// AVX-512 until 2026-12-06).
+// bins[i] = the bin of token i, in one vectorisable pass (with the wide clones: until
+// 2026-12-06 x86-64 had only its SSE2 version, 4 lanes).
 LKS_VECTORIZE LKS_WIDE_CLONES static void bin_all(const float *l, int V, float mx, float inv_t,
                                                   uint16_t *bins) {
   for (int i = 0; i < V; i++) {
     float d = (mx - l[i]) * inv_t * BINS_PER_UNIT;
-    d = d < (float)(BINS - 1) ? d : (float)(BINS - 1);  // and NaN: the last bin, as before
-    bins[i] = (uint16_t)(int)d;
+    bins[i] = (uint16_t)(d < (float)(BINS - 1) ? (int)d : BINS - 1);
   }
 }
 
