@@ -17,6 +17,7 @@ lks_tensor lks_tensor_rows(lks_tensor t, int64_t r0, int64_t n) {
   assert(r0 >= 0 && r0 + n <= t.rows);
   t.offset += (size_t)(r0 * t.ld) * lks_dtype_size(t.dtype);
   t.rows = n;
+  if (t.foff) t.foff += (size_t)(r0 * lks_e4m3_chunks(t.cols));
   switch (t.qs) {
     case LKS_Q_FP8_ROW:
       t.soff += (size_t)r0 * sizeof(float);

@@ -37,7 +37,9 @@ const char *lks_qscheme_name(lks_qscheme q, lks_dtype dt);
 // offset + (r * ld + c) * dtype_size. 1-D tensors have rows = 1. `ld` >= cols lets a view select
 // columns (a half of a concatenation, a column shard of a weight). Quantized weights
 // (qs != LKS_Q_NONE) have F8_E4M3 or F4_E2M1X2 codes in `buf` (for the latter, `ld` counts
-// bytes) and their scales in `sbuf` from byte `soff`, `sld` entries a scale row.
+// bytes) and their scales in `sbuf` from byte `soff`, `sld` entries a scale row. They may also
+// carry, in `sbuf` from byte `foff` (0: none), the flags of lks_e4m3_exp0_chunks
+// (lks_e4m3_chunks(cols) a row), which the CPU kernels read.
 typedef struct lks_tensor {
   lks_buf *buf;
   size_t offset;  // bytes
@@ -48,11 +50,12 @@ typedef struct lks_tensor {
   size_t soff;
   int64_t sld;
   float qglobal;  // NVFP4: the per-tensor multiplier
+  size_t foff;
 } lks_tensor;
 
 static inline lks_tensor lks_tensor_2d(lks_buf *buf, size_t offset, lks_dtype dt, int64_t rows,
                                        int64_t cols) {
-  lks_tensor t = {buf, offset, dt, rows, cols, cols, LKS_Q_NONE, NULL, 0, 0, 0.0f};
+  lks_tensor t = {buf, offset, dt, rows, cols, cols, LKS_Q_NONE, NULL, 0, 0, 0.0f, 0};
   return t;
 }
 

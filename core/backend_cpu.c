@@ -38,6 +38,7 @@ typedef struct cpu_backend {
   scratch *thread_scratch;  // [n_threads], for widened weight rows and attention scores
   scratch work[3];          // owner-thread buffers for the expert op
   bool copy_host;           // buf_wrap_host copies (lks_backend_cpu_copy_host)
+  bool check_exp0;          // LKS_CHECK_EXP0=1: each quantized product checks its flags
 } cpu_backend;
 
 static int grow(scratch *s, size_t n) {
@@ -260,14 +261,41 @@ static size_t aux_floats(const cpu_backend *c, int64_t K) {
 // next (NULL: not known): the weight whose rows [nr0, nr1) the thread reads next, a hint that
 // decode uses to fetch them ahead (quantized: lks__qweight.next; BF16 and F32 where the level
 // streams rows one at a time: lks__mv_fn's after).
+// LKS_CHECK_EXP0=1 (the tests of quantized models set it): the exponent-0 flags a product's
+// rows carry (model.c computes them as it loads and slices a weight, lks_tensor_rows moves
+// them with a view) are those of the rows' bytes, else the process stops saying which. A wrong
+// flag would send a chunk of zero or subnormal codes down the kernels' common path, a few
+// weights each off by about 2^-7 of the block's scale: too little for a model's logits to show.
+static void check_exp0(lks_tensor w, int64_t r0, int64_t r1) {
+  const bool nv = w.qs == LKS_Q_NVFP4;
+  const int64_t nc = lks_e4m3_chunks(w.cols);
+  const uint8_t *fl = (const uint8_t *)w.sbuf->data + w.foff;
+  uint8_t want[512];
+  for (int64_t r = r0; r < r1 && nc <= (int64_t)sizeof want; r++) {
+    if (nv)
+      lks_e4m3_exp0_chunks((const uint8_t *)w.sbuf->data + w.soff + r * w.sld, w.sld, 1,
+                           w.cols / LKS_Q_NVFP4_GROUP, LKS_E4M3_CHUNK / LKS_Q_NVFP4_GROUP, want);
+    else
+      lks_e4m3_exp0_chunks((const uint8_t *)ptr(w) + r * w.ld, w.ld, 1, w.cols, LKS_E4M3_CHUNK,
+                           want);
+    if (memcmp(want, fl + r * nc, (size_t)nc) != 0) {
+      LKS_LOG(LKS_LOG_ERROR, "LKS_CHECK_EXP0: a %lld x %lld weight's row %lld has wrong flags",
+              (long long)w.rows, (long long)w.cols, (long long)r);
+      abort();
+    }
+  }
+}
+
 static void mm_tile(const cpu_backend *c, lks_tensor w, int64_t r0, int64_t r1, const float *x,
                     int64_t ldx, int64_t n, float *tile, int64_t ldt, float *wide,
                     const lks_tensor *next, int64_t nr0, int64_t nr1) {
   const lks__cpu_kernels *k = c->k;
   if (w.qs != LKS_Q_NONE) {  // quantized: dequantized in registers (cpu_quant.c), tile[t][r - r0]
+    if (c->check_exp0 && w.foff) check_exp0(w, r0, r1);
     lks__qweight q = {.qs = w.qs, .codes = (const uint8_t *)ptr(w), .ld = w.ld,
                       .scales = (const char *)w.sbuf->data + w.soff, .sld = w.sld,
-                      .global = w.qglobal, .rows = w.rows, .cols = w.cols};
+                      .global = w.qglobal, .rows = w.rows, .cols = w.cols,
+                      .exp0 = w.foff ? (const uint8_t *)w.sbuf->data + w.foff : NULL};
     if (next && next->qs == w.qs && next->ld == w.ld && nr0 < nr1) {
       q.next = (const uint8_t *)ptr(*next) + nr0 * next->ld;
       q.next_rows = nr1 - nr0;
@@ -811,6 +839,8 @@ lks_backend *lks__backend_cpu_new(int threads) {
   c->n_threads = threads;
   c->k = lks__cpu_kernels_best();
   c->qk = lks__quant_kernels_best();
+  const char *ce = getenv("LKS_CHECK_EXP0");
+  c->check_exp0 = ce && strcmp(ce, "1") == 0;
   c->thread_scratch = calloc((size_t)threads, sizeof *c->thread_scratch);
   c->pool = lks_pool_new(threads);
   if (!c->thread_scratch || !c->pool) {

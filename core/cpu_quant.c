@@ -7,8 +7,9 @@
 // the microcode assists that f32 subnormals would cost. The products with x are summed per
 // 128-column block (or over the whole row for per-row scales) and each block's partial sum is
 // multiplied by its scale times 2^8: sum_b (256 s_b) * (sum_{k in b} 2^-8 e4m3(w_k) x_k). The
-// AVX-512 kernels place the bits in a BF16 instead (fp8_pair, below). NaN codes (never written
-// by a quantizer) are not detected here.
+// AVX-512 and AVX2 kernels place the bits in a BF16 instead (fp8_pair, below; AVX-512 with the
+// exponent raised so that no weight is an f32 subnormal, and the codes of exponent 0 converted
+// apart). NaN codes (never written by a quantizer) are not detected here.
 // NVFP4: the 16 E2M1 values are a lookup table (a permute on AVX-512; the 8 magnitudes and a
 // sign bit on AVX2; TBL of twice the values as bytes on NEON). Each group's values are multiplied
 // by its E4M3 scale (exact: 2- and 4-bit mantissas) before the FMA with x; on AVX-512 the scale
@@ -23,10 +24,13 @@
 #include "core/dtype.h"
 #include "core/log.h"
 
-static float e4m3_lut[256];
+static float e4m3_lut[256], e4m3_lut_s8[256];  // E4M3 values; times 2^-8
 static pthread_once_t lut_once = PTHREAD_ONCE_INIT;
 static void lut_init(void) {
-  for (int i = 0; i < 256; i++) e4m3_lut[i] = lks_e4m3_to_f32((uint8_t)i);
+  for (int i = 0; i < 256; i++) {
+    e4m3_lut[i] = lks_e4m3_to_f32((uint8_t)i);
+    e4m3_lut_s8[i] = e4m3_lut[i] * 0x1p-8f;
+  }
 }
 
 // ---- portable ----
@@ -96,10 +100,15 @@ static float *split_rows(lks__qsplit_fn split, int64_t sl, const float *const *x
   return buf;
 }
 
-#define FP8_X_SCALE 0x1p64f    // FP8's x, split (see fp8_avx512_g)
-#define FP8_S_SCALE 0x1p56f    // FP8's block scales: 2^-120 e4m3 times 2^64 x undone
-#define NV_X_SCALE 0x1p64f     // NVFP4's x, split (AVX2 and AVX-512)
-#define NV_OUT_SCALE 0x1p56f   // a row's NVFP4 total: 2^-64 x times 2^-120 s undone
+#define FP8_X_SCALE_AVX2 0x1p64f    // AVX2 FP8's x, split (see fp8_avx2_g)
+#define FP8_S_SCALE_AVX2 0x1p56f    // its block scales: 2^-120 e4m3 times 2^64 x undone
+#define NV_X_SCALE_AVX2 0x1p64f     // AVX2 NVFP4's x, split
+#define NV_OUT_SCALE_AVX2 0x1p56f   // its row total: 2^-64 x times 2^-120 s undone
+#define FP8_EXP_BIAS 0x3800   // FP8 codes as BF16 words: exponent 112 + e (see fp8_pair)
+#define FP8_X_SCALE 0x1p8f     // AVX-512 FP8's x, split (see fp8_avx512_g)
+#define FP8_S_SCALE 1.0f       // FP8's block scales: 2^-8 e4m3 times 2^8 x undone
+#define NV_X_SCALE 0x1p8f      // AVX-512 NVFP4's x, split
+#define NV_OUT_SCALE 1.0f      // a row's NVFP4 total: 2^8 x times 2^-8 s undone
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
@@ -117,7 +126,7 @@ AVX2 static float hsum8(__m256 v) {
 
 // FP8's split x (lks__qsplit_fn) as the AVX2 and AVX-512 kernels read it: each 32 columns'
 // even columns, then its odd ones (a last 16 columns' 8 and 8, each followed by 8 zeros), times
-// 2^64 (FP8_X_SCALE); then the K % 16 columns past the last 16 as they are.
+// 2^64 (FP8_X_SCALE_AVX2); then the K % 16 columns past the last 16 as they are.
 AVX2 INLINE __m256 fp8_even8(__m256 a, __m256 b, bool odd) {  // a's, then b's, even (odd) lanes
   __m256 t = odd ? _mm256_shuffle_ps(a, b, 0xDD) : _mm256_shuffle_ps(a, b, 0x88);
   return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t), 0xD8));
@@ -125,7 +134,7 @@ AVX2 INLINE __m256 fp8_even8(__m256 a, __m256 b, bool odd) {  // a's, then b's, 
 
 AVX2 static void fp8_split_avx2(const float *x, int64_t K, float *xs) {
   const int64_t K16 = K / 16 * 16;
-  const __m256 s = _mm256_set1_ps(FP8_X_SCALE), z = _mm256_setzero_ps();
+  const __m256 s = _mm256_set1_ps(FP8_X_SCALE_AVX2), z = _mm256_setzero_ps();
   for (int64_t c = 0; c < K16; c += 32) {
     bool half = c + 16 == K16;
     __m256 x0 = _mm256_loadu_ps(x + c), x1 = _mm256_loadu_ps(x + c + 8);
@@ -205,7 +214,7 @@ AVX2 INLINE void fp8_avx2_g(const uint8_t *const *w, const uint8_t *const *near,
     }
     LKS_UNROLL
     for (int i = 0; i < RW; i++) {
-      __m256 s = _mm256_set1_ps(bs[i][b] * FP8_S_SCALE);
+      __m256 s = _mm256_set1_ps(bs[i][b] * FP8_S_SCALE_AVX2);
       LKS_UNROLL
       for (int t = 0; t < NX; t++) {
         acc[i * NX + t] = _mm256_fmadd_ps(p[i * NX + t], s, acc[i * NX + t]);
@@ -248,8 +257,9 @@ AVX2 INLINE void fp8_avx2_g(const uint8_t *const *w, const uint8_t *const *near,
 
 #define FP8_G2(RW, NX) fp8_avx2_g(w + i0, near, far, bs + i0, blk, xs + t0, K, o, RW, NX)
 AVX2 static void fp8_avx2_grid(const uint8_t *const *w, const uint8_t *const *ahead,
-                               const float *const *bs, int64_t blk, const float *const *xs,
-                               int nw, int nx, int64_t K, float *out) {
+                               const float *const *bs, const uint8_t *const *exp0, int64_t blk,
+                               const float *const *xs, int nw, int nx, int64_t K, float *out) {
+  (void)exp0;  // exponent-0 codes are converted as the others (no exact path)
   AVX2_SUBGRIDS(FP8_G2);
 }
 #undef FP8_G2
@@ -265,7 +275,7 @@ AVX2 static void fp8_avx2(const uint8_t *w, const float *bs, int64_t blk, const 
   }
   const uint8_t *wr[1] = {w};
   const float *br[1] = {bs};
-  fp8_avx2_grid(wr, NULL, br, blk, xs, 1, nx, K, out);
+  fp8_avx2_grid(wr, NULL, br, NULL, blk, xs, 1, nx, K, out);
   free(buf);
 }
 
@@ -286,7 +296,7 @@ AVX2 static void nvfp4_split_avx2(const float *x, int64_t K, float *xs) {
       0,  4,  8,  12, 32, 36, 40, 44, 2,  6,  10, 14, 34, 38, 42, 46, 1,  5,  9,  13, 33, 37,
       41, 45, 3,  7,  11, 15, 35, 39, 43, 47, 16, 20, 24, 28, 48, 52, 56, 60, 18, 22, 26, 30,
       50, 54, 58, 62, 17, 21, 25, 29, 49, 53, 57, 61, 19, 23, 27, 31, 51, 55, 59, 63};
-  const __m256 s = _mm256_set1_ps(NV_X_SCALE);
+  const __m256 s = _mm256_set1_ps(NV_X_SCALE_AVX2);
   int64_t c = 0;
   for (; c + 64 <= K; c += 64)
     for (int v = 0; v < 8; v++) {
@@ -294,7 +304,7 @@ AVX2 static void nvfp4_split_avx2(const float *x, int64_t K, float *xs) {
       _mm256_storeu_ps(xs + c + 8 * v, _mm256_mul_ps(_mm256_i32gather_ps(x + c, i, 4), s));
     }
   for (int j = 0; c < K && j < 64; j++)
-    xs[c + j] = c + col[j] < K ? x[c + col[j]] * NV_X_SCALE : 0.0f;
+    xs[c + j] = c + col[j] < K ? x[c + col[j]] * NV_X_SCALE_AVX2 : 0.0f;
 }
 
 // The step at column c of RW weight rows by NX split rows (ng groups of it).
@@ -380,13 +390,14 @@ AVX2 INLINE void nvfp4_avx2_g(const uint8_t *const *w, const uint8_t *const *nea
   }
   if (c < K) nv2_step(w, gs, xs, c, false, (int)(K - c) / 16, acc, RW, NX);
   LKS_UNROLL
-  for (int j = 0; j < RW * NX; j++) out[j] = hsum8(acc[j]) * NV_OUT_SCALE;
+  for (int j = 0; j < RW * NX; j++) out[j] = hsum8(acc[j]) * NV_OUT_SCALE_AVX2;
 }
 
 #define NV_G2(RW, NX) nvfp4_avx2_g(w + i0, near, far, gs + i0, xs + t0, K, o, RW, NX)
 AVX2 static void nvfp4_avx2_grid(const uint8_t *const *w, const uint8_t *const *ahead,
-                                 const uint8_t *const *gs, const float *const *xs, int nw,
-                                 int nx, int64_t K, float *out) {
+                                 const uint8_t *const *gs, const uint8_t *const *exp0,
+                                 const float *const *xs, int nw, int nx, int64_t K, float *out) {
+  (void)exp0;  // exponent-0 scales are converted as the others (no exact path)
   AVX2_SUBGRIDS(NV_G2);
 }
 #undef NV_G2
@@ -401,11 +412,47 @@ AVX2 static void nvfp4_avx2(const uint8_t *w, const uint8_t *gs, const float *co
     return;
   }
   const uint8_t *wr[1] = {w}, *sr[1] = {gs};
-  nvfp4_avx2_grid(wr, NULL, sr, xs, 1, nx, K, out);
+  nvfp4_avx2_grid(wr, NULL, sr, NULL, xs, 1, nx, K, out);
   free(buf);
 }
 
 // ---- AVX-512: 16 columns a vector ----
+//
+// No f32 subnormal enters an FMA. An Intel core takes a microcode assist for each FMA with a
+// subnormal operand (about 48 ns, 77 times an FMA, on this Xeon, 2026-12-07; AMD's Zen cores
+// take none): the kernels until then placed FP8 codes (and NVFP4's scales) as 2^-120 times
+// their values, so every code of exponent 0, a zero or a subnormal, became an f32 subnormal, and
+// a 352 x 1024 FP8 product with random codes (one in 16 of exponent 0) took 0.52 ms in place of
+// 0.03. Quantizers write them about once in 10^4 codes (tools/gen_model.py's air-1g: 1.1e-4),
+// more where a row's or block's scale is set by a few large weights. Now the placement adds 112
+// to the exponent (FP8_EXP_BIAS: one ternary-logic operation in place of the mask), which makes
+// every code of exponent 1-15 a normal f32 worth 2^-8 times its value; a code of exponent 0
+// then reads (1 + m/8) 2^-15 = t where it is worth m 2^-17, which is 2t -+ 2^-14
+// (fp8_fix_avx512: exact, Sterbenz). The loader flags each row's chunks of 128 columns that
+// hold such a code (lks_e4m3_exp0_chunks, lks__qweight.exp0); a flagged chunk's steps convert
+// the flagged rows' codes with the fix (a compare and a masked FMA a vector, out of line), the
+// others as before, and both give the same f32 for a code of exponent 1-15, so a row's
+// arithmetic does not depend on which rows share its grid. Without flags (tests, kernel_bench
+// by hand) the kernel tests the codes of each chunk (two vector tests a row). NVFP4's scales
+// alike: a step's 8 scales, one chunk, from a table where flagged. The AVX2 kernels keep the
+// 2^-120 placement (their subnormal weights cost an Intel core the same; on AMD's Zen 3 the
+// test of each chunk cost FP8 decode 30 %).
+
+AVX512 INLINE __m512 fp8_fix_avx512(__m512 t) {  // exponent 0: 2t -+ 2^-14 (t >= +0, t <= -0)
+  const __m512i t32 = _mm512_castps_si512(t);
+  __m512 c = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(  // (a & b) | c: 2^-14, t's sign
+      t32, _mm512_set1_epi32((int)0x80000000), _mm512_castps_si512(_mm512_set1_ps(0x1p-14f)),
+      0xEA));
+  __mmask16 e0 = _mm512_testn_epi32_mask(t32, _mm512_set1_epi32(0x07800000));
+  return _mm512_mask_fmsub_ps(t, e0, _mm512_set1_ps(2.0f), c);
+}
+
+// Whether any of the E4M3 scale bytes in b has exponent 0 (a zero or a subnormal scale): a byte
+// of b & 0x78.. is zero.
+static inline bool nv_exp0(uint64_t b) {
+  b &= 0x7878787878787878ull;
+  return ((b - 0x0101010101010101ull) & ~b & 0x8080808080808080ull) != 0;
+}
 
 // x's columns c .. c + 31 (c .. c + 15 and zeros for a half step) split into even and odd.
 AVX512 INLINE void even_odd(const float *x, bool half, __m512 *xe, __m512 *xo) {
@@ -461,46 +508,58 @@ AVX512 INLINE void even_odd(const float *x, bool half, __m512 *xe, __m512 *xo) {
 // first), all of group i / 2; the permute reads a lane's low 4 bits, so the lanes shifted right
 // by 4m index column 8i + m's E2M1 value in the 16-entry table: 7 shifts and 8 permutes a step,
 // no widening of bytes. x is split once for many weight rows into that order (vector m of a
-// step: columns 8i + m, times 2^64; nvfp4_avx512_split). A lane's 8 products are summed before
+// step: columns 8i + m, times 2^8; nvfp4_avx512_split). A lane's 8 products are summed before
 // its group's scale multiplies them once:
-//   acc = (sum_m e2m1(c_m) * (2^64 x_m)) * (2^-120 s) + acc
-// where 2^-120 s is the scale's E4M3 bits placed in an f32 (exponent and mantissa at bits
-// 26..20, sign at 31: exact for normal and subnormal scales alike; NaN codes are not detected),
-// and the row's total times 2^56 is the product: 9 FMAs a row for 128 weights, where scaling
-// each weight before its FMA took 16, and the scales' conversion is 4 vector operations a step
-// where each group took two table lookups. The products are exact but for f32 roundings of the
-// sums (|x| over 2^58 could overflow: no activation is; a step's partial sum under 2^-70 loses
-// bits to f32 subnormals). A row's last step, K % 128 columns (whole groups), loads only its
-// codes and scales (masked) against zero columns of x. One thread, decode's path (x split, 8
-// rows a call), 352 x 1024: 15 -> 25 G weights/s in cache, 14.5 -> 17-20 out of it (131072
-// rows), against the kernel that scaled each weight, 32 columns a step, four rows a call.
+//   acc = (sum_m e2m1(c_m) * (2^8 x_m)) * (2^-8 s) + acc
+// where 2^-8 s is the scale's E4M3 bits placed in an f32 (exponent and mantissa at bits 26..20,
+// sign at 31, 112 added to the exponent: exact for scales of exponent 1-15; those of exponent 0
+// come from a table, above; NaN codes are not detected), and the row's total is the product: 9
+// FMAs a row for 128 weights, where scaling each weight before its FMA took 16, and the scales'
+// conversion is 4 vector operations a step where each group took two table lookups. The
+// products are exact but for f32 roundings of the sums. (Until 2026-12-07: x times 2^64,
+// scales 2^-120 s, the total times 2^56.) A row's last step, K % 128 columns (whole groups),
+// loads only its codes and scales (masked) against zero columns of x. One thread, decode's
+// path (x split, 8 rows a call), 352 x 1024: 15 -> 25 G weights/s in cache, 14.5 -> 17-20 out
+// of it (131072 rows), against the kernel that scaled each weight, 32 columns a step, four rows
+// a call.
 
-// A step's 8 group scales as 2^-120 s, group i / 2's in lane i (ng < 8: the first ng only): the
+// A step's 8 group scales as 2^-8 s, group i / 2's in lane i (ng < 8: the first ng only): the
 // 8 bytes in every 64 bits, each 128 bits' shuffle putting the byte of lane i at its bits 24..31,
-// shifted right by 4 with the sign and masked.
-AVX512 INLINE __m512 nv_scales(const uint8_t *gs, bool full, int ng) {
+// shifted right by 4 with the sign, masked and the exponent raised by 112; from the table where
+// the step's chunk is flagged (fl; NULL: where a byte has exponent 0).
+AVX512 __attribute__((noinline)) static __m512 nv_scales_exact(uint64_t b8) {  // from the table
+  float v[16];
+  for (int i = 0; i < 16; i++) v[i] = e4m3_lut_s8[(b8 >> (8 * (i / 2))) & 255];
+  return _mm512_loadu_ps(v);
+}
+
+AVX512 INLINE __m512 nv_scales(const uint8_t *gs, const uint8_t *fl, bool full, int ng) {
   const __m512i pick = _mm512_set_epi32(
       0x07808080, 0x07808080, 0x06808080, 0x06808080, 0x05808080, 0x05808080, 0x04808080,
       0x04808080, 0x03808080, 0x03808080, 0x02808080, 0x02808080, 0x01808080, 0x01808080,
       0x00808080, 0x00808080);
-  uint64_t b8;
+  uint64_t b8;  // past ng groups: 1.0 (any finite value)
   if (full) memcpy(&b8, gs, 8);
-  __m512i b = full ? _mm512_set1_epi64((long long)b8)
-                   : _mm512_broadcastq_epi64(_mm_maskz_loadu_epi8((__mmask16)((1u << ng) - 1), gs));
-  __m512i d = _mm512_srai_epi32(_mm512_shuffle_epi8(b, pick), 4);
-  return _mm512_castsi512_ps(_mm512_and_si512(d, _mm512_set1_epi32((int)0x87F00000)));
+  else
+    b8 = (uint64_t)_mm_cvtsi128_si64(_mm_maskz_loadu_epi8((__mmask16)((1u << ng) - 1), gs)) |
+         0x3838383838383838ull << (8 * ng);
+  __m512i d = _mm512_srai_epi32(_mm512_shuffle_epi8(_mm512_set1_epi64((long long)b8), pick), 4);
+  __m512 s = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(  // (a & b) | c
+      d, _mm512_set1_epi32((int)0x87F00000), _mm512_set1_epi32(FP8_EXP_BIAS << 16), 0xEA));
+  return __builtin_expect(fl ? *fl != 0 : nv_exp0(b8), 0) ? nv_scales_exact(b8) : s;
 }
 
 // The step at column c of RW weight rows by NX split activation rows (ng groups of it).
 AVX512 INLINE void nv_g_step(const uint8_t *const *w, const uint8_t *const *gs,
-                             const float *const *xs, int64_t c, bool full, int ng, __m512 lut,
-                             __m512 *acc, const int RW, const int NX) {
+                             const uint8_t *const *exp0, const float *const *xs, int64_t c,
+                             bool full, int ng, __m512 lut, __m512 *acc, const int RW,
+                             const int NX) {
   LKS_UNROLL
   for (int i = 0; i < RW; i++) {
     const uint8_t *p = w[i] + c / 2;
     __m512i v = full ? _mm512_loadu_si512(p)
                      : _mm512_maskz_loadu_epi32((__mmask16)((1u << (2 * ng)) - 1), p);
-    __m512 s = nv_scales(gs[i] + c / 16, full, ng), wm[8];
+    __m512 s = nv_scales(gs[i] + c / 16, exp0 ? exp0[i] + c / 128 : NULL, full, ng), wm[8];
     wm[0] = _mm512_permutexvar_ps(v, lut);
     LKS_UNROLL
     for (int m = 1; m < 8; m++) wm[m] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * m), lut);
@@ -519,8 +578,9 @@ AVX512 INLINE void nv_g_step(const uint8_t *const *w, const uint8_t *const *gs,
 // arithmetic the same whatever RW and NX (one accumulator, the steps in order). Decode reads
 // eight rows' codes at once (as FP8's grids); a step's weights converted once serve its NX rows.
 AVX512 INLINE void nvfp4_avx512_g(const uint8_t *const *w, const uint8_t *const *ahead,
-                                  const uint8_t *const *gs, const float *const *xs, int64_t K,
-                                  float *out, const int RW, const int NX) {
+                                  const uint8_t *const *gs, const uint8_t *const *exp0,
+                                  const float *const *xs, int64_t K, float *out, const int RW,
+                                  const int NX) {
   const __m512 lut = _mm512_loadu_ps(e2m1_lut);
   __m512 acc[8];
   LKS_UNROLL
@@ -534,17 +594,18 @@ AVX512 INLINE void nvfp4_avx512_g(const uint8_t *const *w, const uint8_t *const 
         _mm_prefetch((const char *)ahead[LKS__QGRID + i] + c / 2, _MM_HINT_T1);
       }
     }
-    nv_g_step(w, gs, xs, c, true, 8, lut, acc, RW, NX);
+    nv_g_step(w, gs, exp0, xs, c, true, 8, lut, acc, RW, NX);
   }
-  if (c < K) nv_g_step(w, gs, xs, c, false, (int)(K - c) / 16, lut, acc, RW, NX);
+  if (c < K) nv_g_step(w, gs, exp0, xs, c, false, (int)(K - c) / 16, lut, acc, RW, NX);
   LKS_UNROLL
   for (int j = 0; j < RW * NX; j++) out[j] = _mm512_reduce_add_ps(acc[j]) * NV_OUT_SCALE;
 }
 
-#define NV_G(RW, NX) nvfp4_avx512_g(w, ahead, gs, xs, K, out, RW, NX)
+#define NV_G(RW, NX) nvfp4_avx512_g(w, ahead, gs, exp0, xs, K, out, RW, NX)
 AVX512 static void nvfp4_avx512_grid(const uint8_t *const *w, const uint8_t *const *ahead,
-                                     const uint8_t *const *gs, const float *const *xs, int nw,
-                                     int nx, int64_t K, float *out) {
+                                     const uint8_t *const *gs, const uint8_t *const *exp0,
+                                     const float *const *xs, int nw, int nx, int64_t K,
+                                     float *out) {
   GRID_SHAPES(NV_G, nw, nx);
 }
 #undef NV_G
@@ -606,36 +667,46 @@ AVX512 static void nvfp4_avx512(const uint8_t *w, const uint8_t *gs, const float
     return;
   }
   const uint8_t *wr[1] = {w}, *sr[1] = {gs};
-  nvfp4_avx512_grid(wr, NULL, sr, xs, 1, nx, K, out);
+  nvfp4_avx512_grid(wr, NULL, sr, NULL, xs, 1, nx, K, out);
   free(buf);
 }
 
 // FP8 on AVX-512, 32 columns a step: the 32 codes sign-extended to 16 bits and shifted left by
-// 4 put sign, exponent and mantissa at a BF16's bits 15, 10..7 and 6..4; cleared of the sign's
-// copies in bits 14..11, each word is a BF16 (and, in a 32-bit lane's upper half, an f32) worth
-// 2^-120 times the code's E4M3 value, subnormal codes included (BF16 and f32 subnormals then:
-// FMAs take them without assists on this AMD core; with the MXCSR's DAZ set they would read 0,
-// which nothing in lockstep sets and check_quant's subnormal codes would catch). A lane's lower
-// word shifted up and its upper word masked are the f32 weights of the step's even and odd
-// columns: 5 integer operations for 32 weights, against 6 for the conversion through halves,
-// whose two conversions take 2 uops each (air-1g's experts, 352 x 1024, in cache, one thread:
-// 20 -> 38 G weights/s with the grids below). x is split once for all weight rows into its even
-// and odd columns (fp8_avx512_split) times 2^64, which keeps the products in the f32 normal
-// range (2^-56 times the true product); each block's partial sums are multiplied by its scale
-// times 2^56:
-//   sum_b (2^56 s_b) * (sum_{k in b} (2^-120 e4m3(w_k)) * (2^64 x_k))
-// exact but for the f32 roundings of the sums (|x| >= 2^64 would overflow: no activation is).
-// A row's last block may end in a half step (16 columns, the codes' other 16 zero) and a tail
-// of K % 16 columns summed one at a time with x as it is (kept after the split columns).
+// 4 put sign, exponent and mantissa at a BF16's bits 15, 10..7 and 6..4; with bits 14..11 (the
+// sign's copies) set to 0111, each word is a BF16 (and, in a 32-bit lane's upper half, an f32)
+// worth 2^-8 times the code's E4M3 value, exponent 0 apart (above). A lane's lower word shifted
+// up and its upper word masked are the f32 weights of the step's even and odd columns: 5
+// integer operations for 32 weights, against 6 for the conversion through halves, whose two
+// conversions take 2 uops each (air-1g's experts, 352 x 1024, in cache, one thread, on AMD: 20
+// -> 38 G weights/s with the grids below). x is split once for all weight rows into its even
+// and odd columns (fp8_avx512_split) times 2^8, so that the products are the true ones; each
+// block's partial sums are multiplied by its scale:
+//   sum_b s_b * (sum_{k in b} (2^-8 e4m3(w_k)) * (2^8 x_k))
+// exact but for the f32 roundings of the sums. (Until 2026-12-07 the weights were 2^-120 times
+// the values and x 2^64 times, the block scales 2^56: the same bits but where those subnormals
+// read.) A row's last block may end in a half step (16 columns, the codes' other 16 zero) and a
+// tail of K % 16 columns summed one at a time with x as it is (kept after the split columns).
 
 // The weights of a step's even and odd columns (half: 16 codes, the rest zero).
-AVX512 INLINE void fp8_pair(const uint8_t *p, bool half, __m512 *we, __m512 *wo) {
+AVX512 INLINE void fp8_pair(const uint8_t *p, bool half, bool exact, __m512 *we, __m512 *wo) {
   __m256i c = half ? _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)p))
                    : _mm256_loadu_si256((const __m256i *)p);
   __m512i h = _mm512_cvtepi8_epi16(c);
-  h = _mm512_and_si512(_mm512_slli_epi16(h, 4), _mm512_set1_epi16((short)0x87FF));
+  h = _mm512_ternarylogic_epi32(_mm512_slli_epi16(h, 4), _mm512_set1_epi16((short)0x87FF),
+                                _mm512_set1_epi16(FP8_EXP_BIAS), 0xEA);  // (a & b) | c
   *we = _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
   *wo = _mm512_castsi512_ps(_mm512_and_si512(h, _mm512_set1_epi32((int)0xFFFF0000)));
+  if (exact) *we = fp8_fix_avx512(*we), *wo = fp8_fix_avx512(*wo);
+}
+
+// Whether any of the n codes at p (n <= 128) has exponent 0 (a zero or a subnormal code).
+AVX512 INLINE bool fp8_exp0_avx512(const uint8_t *p, int64_t n) {
+  const __m512i e = _mm512_set1_epi8(0x78);
+  __mmask64 m0 = n >= 64 ? ~0ull : (1ull << n) - 1;
+  __mmask64 m1 = n >= 128 ? ~0ull : n > 64 ? (1ull << (n - 64)) - 1 : 0;
+  __mmask64 a = _mm512_mask_testn_epi8_mask(m0, _mm512_maskz_loadu_epi8(m0, p), e);
+  __mmask64 b = _mm512_mask_testn_epi8_mask(m1, _mm512_maskz_loadu_epi8(m1, p + 64), e);
+  return (a | b) != 0;
 }
 
 AVX512 static void fp8_avx512_split(const float *x, int64_t K, float *xs) {
@@ -651,12 +722,14 @@ AVX512 static void fp8_avx512_split(const float *x, int64_t K, float *xs) {
 }
 
 // One step at column k of RW weight rows by NX activation rows.
+// exact: rows i with bit i of ex set convert their codes exactly (fp8_fix_avx512).
 AVX512 INLINE void fp8_g_step(const uint8_t *const *w, const float *const *xs, int64_t k,
-                              bool half, __m512 *p, const int RW, const int NX) {
+                              bool half, bool exact, unsigned ex, __m512 *p, const int RW,
+                              const int NX) {
   LKS_UNROLL
   for (int i = 0; i < RW; i++) {
     __m512 we, wo;
-    fp8_pair(w[i] + k, half, &we, &wo);
+    fp8_pair(w[i] + k, half, exact && (ex >> i & 1), &we, &wo);
     LKS_UNROLL
     for (int t = 0; t < NX; t++) {
       __m512 *q = &p[i * NX + t];
@@ -666,6 +739,39 @@ AVX512 INLINE void fp8_g_step(const uint8_t *const *w, const float *const *xs, i
   }
 }
 
+// The steps of columns [k, k + n) (n a multiple of 16) where the rows of ex hold exponent-0
+// codes, those rows' weights exact (fp8_fix_avx512), fetching ahead as the common steps do: out
+// of line, one function a grid shape (FP8_EXACT), so that the common steps keep their registers
+// and this one its unrolled loops.
+#define FP8_EXACT_FN(RW, NX)                                                                   \
+  AVX512 __attribute__((noinline)) static void fp8_exact_##RW##_##NX(                          \
+      const uint8_t *const *w, const uint8_t *const *ahead, const float *const *xs, int64_t k, \
+      int64_t n, unsigned ex, __m512 *q) {                                                     \
+    __m512 p[RW * NX];                                                                         \
+    LKS_UNROLL                                                                                 \
+    for (int j = 0; j < RW * NX; j++) p[j] = q[j];                                             \
+    for (int64_t e = k + n; k < e; k += 32) {                                                  \
+      if (ahead && !(k & 32)) {                                                                \
+        LKS_UNROLL                                                                             \
+        for (int i = 0; i < RW; i++) {                                                         \
+          _mm_prefetch((const char *)ahead[i] + k, _MM_HINT_T0);                               \
+          _mm_prefetch((const char *)ahead[LKS__QGRID + i] + k, _MM_HINT_T1);                  \
+        }                                                                                      \
+      }                                                                                        \
+      if (k + 32 <= e) fp8_g_step(w, xs, k, false, true, ex, p, RW, NX);                       \
+      else fp8_g_step(w, xs, k, true, true, ex, p, RW, NX);                                    \
+    }                                                                                          \
+    LKS_UNROLL                                                                                 \
+    for (int j = 0; j < RW * NX; j++) q[j] = p[j];                                             \
+  }
+FP8_EXACT_FN(1, 1) FP8_EXACT_FN(2, 1) FP8_EXACT_FN(3, 1) FP8_EXACT_FN(4, 1)
+FP8_EXACT_FN(5, 1) FP8_EXACT_FN(6, 1) FP8_EXACT_FN(7, 1) FP8_EXACT_FN(8, 1)
+FP8_EXACT_FN(1, 2) FP8_EXACT_FN(2, 2) FP8_EXACT_FN(3, 2) FP8_EXACT_FN(4, 2)
+FP8_EXACT_FN(1, 3) FP8_EXACT_FN(2, 3) FP8_EXACT_FN(1, 4) FP8_EXACT_FN(2, 4)
+FP8_EXACT_FN(1, 5) FP8_EXACT_FN(1, 6) FP8_EXACT_FN(1, 7) FP8_EXACT_FN(1, 8)
+#undef FP8_EXACT_FN
+#define FP8_EXACT(RW, NX) fp8_exact_##RW##_##NX(w, ahead, xs, k, n, ex, q)
+
 // RW weight rows by NX activation rows (split), RW * NX <= 8: out[i * NX + t]. Every pair's
 // arithmetic is the same whatever RW and NX: a block sum in one accumulator, the even then the
 // odd columns' products each step (two dependent FMAs), added to the pair's total times the
@@ -674,8 +780,9 @@ AVX512 INLINE void fp8_g_step(const uint8_t *const *w, const float *const *xs, i
 // streams of codes are read at once: out of cache, one thread, 13.5-15 -> 17-21 G weights/s
 // against four. Each weight step is converted once for its NX rows.
 AVX512 INLINE void fp8_avx512_g(const uint8_t *const *w, const uint8_t *const *ahead,
-                                const float *const *bs, int64_t blk, const float *const *xs,
-                                int64_t K, float *out, const int RW, const int NX) {
+                                const float *const *bs, const uint8_t *const *exp0, int64_t blk,
+                                const float *const *xs, int64_t K, float *out, const int RW,
+                                const int NX) {
   __m512 acc[8], p[8];
   float tail[8] = {0};
   const int64_t K16 = K / 16 * 16, tx = lks__fp8_split_head(K);
@@ -685,19 +792,40 @@ AVX512 INLINE void fp8_avx512_g(const uint8_t *const *w, const uint8_t *const *a
     int64_t k1 = k0 + blk < K ? k0 + blk : K, k = k0;
     LKS_UNROLL
     for (int j = 0; j < RW * NX; j++) p[j] = _mm512_setzero_ps();
-    for (; k + 32 <= k1; k += 32) {
-      if (ahead && !(k & 32)) {
+    while (k + 16 <= k1) {  // chunks of 128 columns
+      const int64_t n = (k1 - k < 128 ? k1 - k : 128) / 16 * 16, e = k + n;
+      unsigned ex = 0;  // the rows with exponent-0 codes here
+      if (exp0) {
         LKS_UNROLL
-        for (int i = 0; i < RW; i++) {
-          _mm_prefetch((const char *)ahead[i] + k, _MM_HINT_T0);
-          _mm_prefetch((const char *)ahead[LKS__QGRID + i] + k, _MM_HINT_T1);
-        }
+        for (int i = 0; i < RW; i++) ex |= (unsigned)(exp0[i][k / LKS_E4M3_CHUNK] != 0) << i;
+      } else {
+        LKS_UNROLL
+        for (int i = 0; i < RW; i++) ex |= (unsigned)fp8_exp0_avx512(w[i] + k, n) << i;
       }
-      fp8_g_step(w, xs, k, false, p, RW, NX);
-    }
-    if (k + 16 <= k1) {
-      fp8_g_step(w, xs, k, true, p, RW, NX);
-      k += 16;
+      if (__builtin_expect(ex != 0, 0)) {
+        __m512 q[8];
+        LKS_UNROLL
+        for (int j = 0; j < RW * NX; j++) q[j] = p[j];
+        GRID_SHAPES(FP8_EXACT, RW, NX);
+        LKS_UNROLL
+        for (int j = 0; j < RW * NX; j++) p[j] = q[j];
+        k = e;
+        continue;
+      }
+      for (; k + 32 <= e; k += 32) {
+        if (ahead && !(k & 32)) {
+          LKS_UNROLL
+          for (int i = 0; i < RW; i++) {
+            _mm_prefetch((const char *)ahead[i] + k, _MM_HINT_T0);
+            _mm_prefetch((const char *)ahead[LKS__QGRID + i] + k, _MM_HINT_T1);
+          }
+        }
+        fp8_g_step(w, xs, k, false, false, 0, p, RW, NX);
+      }
+      if (k < e) {
+        fp8_g_step(w, xs, k, true, false, 0, p, RW, NX);
+        k += 16;
+      }
     }
     LKS_UNROLL
     for (int i = 0; i < RW; i++) {
@@ -715,10 +843,11 @@ AVX512 INLINE void fp8_avx512_g(const uint8_t *const *w, const uint8_t *const *a
   for (int j = 0; j < RW * NX; j++) out[j] = _mm512_reduce_add_ps(acc[j]) + tail[j];
 }
 
-#define FP8_G(RW, NX) fp8_avx512_g(w, ahead, bs, blk, xs, K, out, RW, NX)
+#define FP8_G(RW, NX) fp8_avx512_g(w, ahead, bs, exp0, blk, xs, K, out, RW, NX)
 AVX512 static void fp8_avx512_grid(const uint8_t *const *w, const uint8_t *const *ahead,
-                                   const float *const *bs, int64_t blk, const float *const *xs,
-                                   int nw, int nx, int64_t K, float *out) {
+                                   const float *const *bs, const uint8_t *const *exp0,
+                                   int64_t blk, const float *const *xs, int nw, int nx, int64_t K,
+                                   float *out) {
   GRID_SHAPES(FP8_G, nw, nx);
 }
 #undef FP8_G
@@ -734,7 +863,7 @@ AVX512 static void fp8_avx512(const uint8_t *w, const float *bs, int64_t blk,
   }
   const uint8_t *wr[1] = {w};
   const float *br[1] = {bs};
-  fp8_avx512_grid(wr, NULL, br, blk, xs, 1, nx, K, out);
+  fp8_avx512_grid(wr, NULL, br, NULL, blk, xs, 1, nx, K, out);
   free(buf);
 }
 
@@ -951,11 +1080,13 @@ static const uint8_t *row_ahead(const lks__qweight *w, int64_t r1, int64_t a, co
 // the median step of each side: x0.977-0.987 FP8, x0.984 NVFP4; at 2 threads x0.99-1.0 FP8,
 // x0.984 NVFP4).
 static void call_rows(const lks__qweight *w, int64_t r, int nw, int64_t r1, int64_t pf,
-                      const uint8_t **codes, const void **sc, const uint8_t **ahead) {
-  const int64_t ld = w->ld;
+                      const uint8_t **codes, const void **sc, const uint8_t **fl,
+                      const uint8_t **ahead) {
+  const int64_t ld = w->ld, nc = lks_e4m3_chunks(w->cols);
   for (int i = 0; i < nw; i++) {
     codes[i] = w->codes + (r + i) * ld;
     sc[i] = row_scales(w, r + i);
+    fl[i] = w->exp0 ? w->exp0 + (r + i) * nc : NULL;
   }
   if (r + nw + 2 * pf <= r1) {  // all of them in the task: no tests a row
     for (int i = 0; i < nw; i++) {
@@ -1028,11 +1159,12 @@ static void quant_rows_blocked(const lks__quant_kernels *k, const lks__qweight *
         int nw = b1 - r < rw ? (int)(b1 - r) : (int)rw;
         float d[LKS__QROWS];  // LKS__QGRID pairs or LKS__QROWS rows (the same: asserted)
         if (grid) {
-          const uint8_t *codes[LKS__QGRID], *ahead[LKS__QAHEAD];
+          const uint8_t *codes[LKS__QGRID], *ahead[LKS__QAHEAD], *fl[LKS__QGRID];
           const void *sc[LKS__QGRID];
-          call_rows(w, r, nw, r1, pf, codes, sc, ahead);
-          if (nv) k->nvfp4_grid(codes, ahead, (const uint8_t *const *)sc, xs, nw, nx, K, d);
-          else k->fp8_grid(codes, ahead, (const float *const *)sc, blk, xs, nw, nx, K, d);
+          call_rows(w, r, nw, r1, pf, codes, sc, fl, ahead);
+          const uint8_t *const *e0 = w->exp0 ? fl : NULL;
+          if (nv) k->nvfp4_grid(codes, ahead, (const uint8_t *const *)sc, e0, xs, nw, nx, K, d);
+          else k->fp8_grid(codes, ahead, (const float *const *)sc, e0, blk, xs, nw, nx, K, d);
         } else if (nv) {
           k->nvfp4(w->codes + r * w->ld, row_scales(w, r), xs, nx, K, d);
         } else {
@@ -1123,9 +1255,10 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
   }
   for (int64_t r = r0; r < r1; r += step) {
     int nw = r1 - r < step ? (int)(r1 - r) : (int)step;
-    const uint8_t *codes[LKS__QGRID], *ahead[LKS__QAHEAD];
+    const uint8_t *codes[LKS__QGRID], *ahead[LKS__QAHEAD], *fl[LKS__QGRID];
     const void *sc[LKS__QGRID];
-    call_rows(w, r, nw, r1, pf, codes, sc, ahead);
+    call_rows(w, r, nw, r1, pf, codes, sc, fl, ahead);
+    const uint8_t *const *e0 = w->exp0 ? fl : NULL;
     for (int i = 0; !grid && i < nw; i++)
       if (ahead[i] != codes[i])
         for (int64_t c = 0; c < row_bytes; c += 64) {
@@ -1134,8 +1267,8 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
         }
     float d[LKS__QGRID];
     if (grid) {
-      if (nv) k->nvfp4_grid(codes, ahead, (const uint8_t *const *)sc, &xw, nw, 1, K, d);
-      else k->fp8_grid(codes, ahead, (const float *const *)sc, blk, &xw, nw, 1, K, d);
+      if (nv) k->nvfp4_grid(codes, ahead, (const uint8_t *const *)sc, e0, &xw, nw, 1, K, d);
+      else k->fp8_grid(codes, ahead, (const float *const *)sc, e0, blk, &xw, nw, 1, K, d);
       for (int i = 0; i < nw; i++) {
         float b = bias ? bias[r + i] : 0.0f, v = nv ? d[i] * w->global : d[i];
         float *o = out + r + i;

@@ -47,12 +47,16 @@ typedef void (*lks__qsplit_fn)(const float *x, int64_t K, float *xs);
 // line per 64 bytes of its codes, ahead[i] is fetched into L1 and ahead[LKS__QGRID + i], read
 // later still, into L2 only.
 enum { LKS__QGRID = 8, LKS__QAHEAD = 2 * LKS__QGRID };
+// exp0 (NULL: none known): row i's lks_e4m3_exp0_chunks flags (FP8's codes, NVFP4's scales) at
+// exp0[i], which the kernels that convert exponent 0 apart (AVX-512) read instead of testing
+// the bytes.
 typedef void (*lks__qdot_fp8_grid_fn)(const uint8_t *const *w, const uint8_t *const *ahead,
-                                      const float *const *bscale, int64_t blk,
-                                      const float *const *xs, int nw, int nx, int64_t K,
-                                      float *out);
+                                      const float *const *bscale, const uint8_t *const *exp0,
+                                      int64_t blk, const float *const *xs, int nw, int nx,
+                                      int64_t K, float *out);
 typedef void (*lks__qdot_nvfp4_grid_fn)(const uint8_t *const *w, const uint8_t *const *ahead,
-                                        const uint8_t *const *gscale, const float *const *xs,
+                                        const uint8_t *const *gscale,
+                                        const uint8_t *const *exp0, const float *const *xs,
                                         int nw, int nx, int64_t K, float *out);
 
 typedef struct lks__quant_kernels {
@@ -84,6 +88,7 @@ typedef struct lks__qweight {
   int64_t ld;
   const void *scales;    // see lks_qscheme; scale row stride sld entries
   int64_t sld;
+  const uint8_t *exp0;   // lks_e4m3_exp0_chunks's flags of the rows (NULL: none)
   float global;
   int64_t rows, cols;
   // Codes the same thread reads right after rows [r0, r1) of a product, next_rows rows at stride

@@ -66,6 +66,19 @@ float lks_e4m3_to_f32(uint8_t b) {
   return (b & 0x80) ? -v : v;
 }
 
+void lks_e4m3_exp0_chunks(const uint8_t *b, int64_t ld, int64_t rows, int64_t n, int64_t per,
+                          uint8_t *flags) {
+  const int64_t nc = (n + per - 1) / per;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < nc; c++) {
+      const uint8_t *p = b + r * ld + c * per;
+      int64_t m = n - c * per < per ? n - c * per : per;
+      uint8_t least = 0xFF;  // of byte | 0x87: 0x87 just where the exponent is 0
+      for (int64_t j = 0; j < m; j++) least = (uint8_t)(p[j] | 0x87) < least ? p[j] | 0x87 : least;
+      flags[r * nc + c] = least == 0x87;
+    }
+}
+
 float lks_e2m1_to_f32(uint8_t code) {
   static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
   float v = mag[code & 7];

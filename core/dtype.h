@@ -46,4 +46,16 @@ float lks_e4m3_to_f32(uint8_t b);
 // E2M1 code (low 4 bits) to f32: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 is the sign.
 float lks_e2m1_to_f32(uint8_t code);
 
+// A quantized weight's chunks of 128 columns whose E4M3 bytes (FP8's codes; NVFP4's group
+// scales, 8 a chunk) include one of exponent 0, a zero or a subnormal: the CPU kernels convert
+// those by a slower exact path (cpu_quant.c). For E4M3 bytes b of `rows` rows of n (at b + r *
+// ld), `per` bytes a chunk: flags[r * ceil(n / per) + c] = 1 where row r has one among bytes
+// [per c, per c + per), else 0. lks_e4m3_chunks(cols) flags a row either way.
+enum { LKS_E4M3_CHUNK = 128 };
+static inline int64_t lks_e4m3_chunks(int64_t cols) {
+  return (cols + LKS_E4M3_CHUNK - 1) / LKS_E4M3_CHUNK;
+}
+void lks_e4m3_exp0_chunks(const uint8_t *b, int64_t ld, int64_t rows, int64_t n, int64_t per,
+                          uint8_t *flags);
+
 #endif

@@ -224,11 +224,27 @@ static lks_tensor wrap_q(lks_model *m, bool mtp, const lks_qtensor *q, int64_t r
   lks_buf *b = nc == cols ? m->be->ops->buf_wrap_host(m->be, first, (size_t)nr * stride)
                           : m->be->ops->buf_wrap_host_2d(m->be, first, nr, row_bytes, stride, &ld_bytes);
   void *sc = NULL;
-  size_t sbytes = 0;
+  size_t sbytes = 0, foff = 0;
   int64_t sld = 0;
   lks_buf *sb = NULL;
   if (b && keep_buf(m, b) && lks_quant_slice_scales(q, rows, cols, r0, nr, c0, nc, &sc, &sbytes, &sld) == 0) {
-    sb = m->be->ops->buf_alloc(m->be, sbytes);
+    // On the CPU, after the scales: which chunks of 128 columns hold exponent-0 codes (FP8) or
+    // scales (NVFP4).
+    bool cpu = strcmp(m->be->ops->name, "cpu") == 0;
+    size_t fbytes = cpu ? (size_t)(nr * lks_e4m3_chunks(nc)) : 0;
+    foff = fbytes ? (sbytes + 63) / 64 * 64 : 0;
+    void *all = fbytes ? realloc(sc, foff + fbytes) : sc;
+    if (all) {
+      sc = all;
+      uint8_t *fl = (uint8_t *)sc + foff;
+      if (fbytes && fp4)
+        lks_e4m3_exp0_chunks(sc, sld, nr, nc / LKS_Q_NVFP4_GROUP,
+                             LKS_E4M3_CHUNK / LKS_Q_NVFP4_GROUP, fl);
+      else if (fbytes)
+        lks_e4m3_exp0_chunks(first, (int64_t)stride, nr, nc, LKS_E4M3_CHUNK, fl);
+      if (fbytes) sbytes = foff + fbytes;
+      sb = m->be->ops->buf_alloc(m->be, sbytes);
+    }
     if (sb && (!keep_buf(m, sb) || m->be->ops->from_host(m->be, sb, 0, sc, sbytes) < 0)) sb = NULL;
   }
   free(sc);
@@ -242,6 +258,7 @@ static lks_tensor wrap_q(lks_model *m, bool mtp, const lks_qtensor *q, int64_t r
   t.sbuf = sb;
   t.sld = sld;
   t.qglobal = q->global;
+  t.foff = foff;
   m->params_total += nr * nc;
   if (mtp) m->params_mtp += nr * nc;
   m->weight_bytes += lks_weight_bytes(t);

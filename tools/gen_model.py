@@ -29,7 +29,9 @@
 #                X.weight_global_scale = 1 / weight_scale_2 (a divisor), X.input_global_scale
 # Rounding is to nearest, ties to the even code. The router (mlp.gate) and the embedding stay
 # BF16; --quant-skip keeps more groups BF16 (mixed checkpoints). --quant-defect writes one
-# malformed variant for the loader's refusal tests.
+# malformed variant for the loader's refusal tests. --exp0-share F sets the exponent of every
+# (1/F)-th FP8 code or NVFP4 group scale to 0 after quantizing (sign and mantissa kept: a zero or
+# a subnormal; F = 0.01 makes them about 100 times as common as a quantizer does).
 #
 # Usage:  /usr/bin/python3 tools/gen_model.py --out DIR [options]
 #         /usr/bin/python3 tools/gen_model.py --out DIR --preset air-1g
@@ -54,6 +56,7 @@ DEFAULTS = dict(
     inter=192, scale=2.5, n_group=1, topk_group=1, norm_topk=1, eps=1e-5,
     vocab=512, mtp=1, mtp_extras=0, dtype="bf16", shards=1,
     max_pos=4096, quant="none", quant_skip="lm_head", quant_defect="none", scale_bf16=0,
+    exp0_share=0.0,
 )
 
 QUANTS = ("none", "fp8-channel", "fp8-block", "nvfp4", "nvfp4-ct")
@@ -150,6 +153,8 @@ def parse_args(argv):
     p.add_argument("--quant-defect", choices=DEFECTS, default=None,
                    help="write one malformed variant (tests of the loader's refusals)")
     add("--scale-bf16", int, "0|1 (0): FP8 scales in BF16 instead of F32")
+    add("--exp0-share", float, "share of FP8 codes / NVFP4 scales given exponent 0 (0): zeros "
+        "and subnormals, which the CPU kernels convert apart")
     a = p.parse_args(argv)
 
     # Resolve: defaults < preset < explicit options.
@@ -345,6 +350,15 @@ def e4m3_value(b):
     return np.where(b & 0x80, -v, v)
 
 
+def exp0_share(o, b):
+    """E4M3 bytes b with every (1 / o["exp0_share"])-th one's exponent cleared."""
+    if not o.get("exp0_share"):
+        return b
+    flat = b.reshape(-1).copy()
+    flat[::max(1, round(1 / o["exp0_share"]))] &= 0x87
+    return flat.reshape(b.shape)
+
+
 def quantize(o, w, scheme):
     """w float32 [out, in] -> dict suffix -> (dtype, shape, bytes)."""
     out_, in_ = w.shape
@@ -365,7 +379,7 @@ def quantize(o, w, scheme):
     if scheme == "fp8-channel":
         s = np.abs(w).max(axis=1, keepdims=True) / 448.0
         s = np.where(s > 0, s, 1.0).astype(np.float32)
-        q = e4m3_bytes(w / scale_used(s))
+        q = exp0_share(o, e4m3_bytes(w / scale_used(s)))
         return {"weight": ("F8_E4M3", (out_, in_), q.tobytes()),
                 "weight_scale": (sdt, (out_, 1), scale_bytes(s))}
     if scheme == "fp8-block":
@@ -376,7 +390,7 @@ def quantize(o, w, scheme):
         s = pad.reshape(br, B, bc, B).max(axis=(1, 3)) / 448.0
         s = np.where(s > 0, s, 1.0).astype(np.float32)
         full = np.repeat(np.repeat(scale_used(s), B, axis=0), B, axis=1)[:out_, :in_]
-        q = e4m3_bytes(w / full)
+        q = exp0_share(o, e4m3_bytes(w / full))
         return {"weight": ("F8_E4M3", (out_, in_), q.tobytes()),
                 "weight_scale_inv": (sdt, (br, bc), scale_bytes(s))}
     # NVFP4: groups of 16 along the input (a malformed width is padded: the loader refuses it).
@@ -395,6 +409,7 @@ def quantize(o, w, scheme):
     if codes.shape[1] % 2:
         codes = np.concatenate([codes, np.zeros((out_, 1), np.uint8)], axis=1)
     packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+    sb = exp0_share(o, sb)
     one = np.float32(1.0)
     if scheme == "nvfp4":
         return {"weight": ("U8", packed.shape, packed.tobytes()),

@@ -6,8 +6,9 @@
 // activation row (lks__quant_matmul_rows). Reports the thread's CPU time
 // per call (median of repeats), which a machine busy with other work disturbs less than wall
 // time, and the speed-up over the portable level. Under qemu-user the figures say which kernels
-// emulate faster, nothing about a real CPU.
-//   build/kernel_bench [M] [K] [repeats]
+// emulate faster, nothing about a real CPU. FP8 codes of exponent 0 come exp0 a million (an
+// Intel core converts them to f32 subnormals slowly: see cpu_quant.c).
+//   build/kernel_bench [M] [K] [repeats] [exp0]
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,8 @@ static int cmp_d(const void *a, const void *b) {
 }
 
 enum { MAX_REP = 64 };
+
+static uint8_t *w8_flags, *gs_flags;  // lks_e4m3_exp0_chunks of the FP8 codes, NVFP4 scales
 
 // 128-column scale blocks of a row of K columns (the last one cropped).
 #define KB(K) (((K) + 127) / 128)
@@ -56,9 +59,10 @@ static double run_case(const lks__cpu_kernels *k, const lks__quant_kernels *q, i
       case 10:
       case 11: {  // the backend's product (several weight rows a kernel call where it has them)
         lks__qweight q8 = {.qs = LKS_Q_FP8_BLOCK, .codes = w8, .ld = K, .scales = bs,
-                           .sld = KB(K), .global = 1.0f, .rows = M, .cols = K};
+                           .sld = KB(K), .global = 1.0f, .rows = M, .cols = K, .exp0 = w8_flags};
         lks__qweight q4 = {.qs = LKS_Q_NVFP4, .codes = w4, .ld = K / 2, .scales = gs,
-                           .sld = K / 16, .global = 1.0f, .rows = M, .cols = K};
+                           .sld = K / 16, .global = 1.0f, .rows = M, .cols = K,
+                           .exp0 = gs_flags};
         lks__quant_matmul_rows(q, c == 6 || c == 10 ? &q8 : &q4, 0, M, x, K, c < 10 ? 1 : 2, NULL,
                                out, M, false);
         break;
@@ -76,11 +80,11 @@ static double run_case(const lks__cpu_kernels *k, const lks__quant_kernels *q, i
                         *gr[1] = {gs + i * (K / 16)};
           const float *br[1] = {bs + (i / 128) * KB(K)};
           if (c == 4 && split)
-            q->fp8_grid(wr, NULL, br, 128, sp, 1, 1, K, out + i);
+            q->fp8_grid(wr, NULL, br, NULL, 128, sp, 1, 1, K, out + i);
           else if (c == 4)
             q->fp8(w8 + i * K, bs + (i / 128) * KB(K), 128, xs, 1, K, out + i);
           else if (split)
-            q->nvfp4_grid(w4r, NULL, gr, sp, 1, 1, K, out + i);
+            q->nvfp4_grid(w4r, NULL, gr, NULL, sp, 1, 1, K, out + i);
           else
             q->nvfp4(w4 + i * (K / 2), gs + i * (K / 16), xs, 1, K, out + i);
         }
@@ -96,9 +100,12 @@ static double run_case(const lks__cpu_kernels *k, const lks__quant_kernels *q, i
 
 int main(int argc, char **argv) {
   int64_t M = argc > 1 ? atoll(argv[1]) : 512, K = argc > 2 ? atoll(argv[2]) : 1024;
-  int rep = argc > 3 ? atoi(argv[3]) : 5;
-  if (M < 1 || K < 32 || K % 32 || rep < 1 || rep > MAX_REP) {
-    fprintf(stderr, "usage: kernel_bench [M] [K, a multiple of 32] [repeats <= %d]\n", MAX_REP);
+  int rep = argc > 3 ? atoi(argv[3]) : 5, exp0 = argc > 4 ? atoi(argv[4]) : 100;
+  if (M < 1 || K < 32 || K % 32 || rep < 1 || rep > MAX_REP || exp0 < 0 || exp0 > 1000000) {
+    fprintf(stderr,
+            "usage: kernel_bench [M] [K, a multiple of 32] [repeats <= %d] [FP8 codes of "
+            "exponent 0 a million, default 100]\n",
+            MAX_REP);
     return 2;
   }
   uint16_t *wb = malloc((size_t)(M * K) * 2);
@@ -112,10 +119,19 @@ int main(int argc, char **argv) {
     s ^= s << 13, s ^= s >> 7, s ^= s << 17;
     wf[i] = (float)((double)(s >> 11) / 9007199254740992.0 - 0.5);
     wb[i] = lks_f32_to_bf16(wf[i]);
-    w8[i] = (uint8_t)(s >> 3) & 0x7e;  // no NaN codes
+    w8[i] = (uint8_t)((s >> 3) & 0x7e) | 0x08;  // exponent 1 or more, no NaN codes
     if (i < M * K / 2) w4[i] = (uint8_t)(s >> 17);
-    if (i < M * K / 16) gs[i] = (uint8_t)(s >> 29) & 0x3f;
+    if (i < M * K / 16) gs[i] = (uint8_t)((s >> 29) & 0x3f) | 0x08;  // scales: the same
   }
+  // Codes of exponent 0 (zeros, subnormals): exp0 a million, spread evenly (100: the share in
+  // tools/gen_model.py's FP8 checkpoints; random bytes would have 62500). The backend's flags of
+  // them (lks_e4m3_exp0_chunks) go with the FP8 products.
+  for (int64_t i = 0; exp0 > 0 && i < M * K; i += 1000000 / exp0) w8[i] = 3;
+  w8_flags = malloc((size_t)(M * lks_e4m3_chunks(K)));
+  if (!w8_flags) return 1;
+  lks_e4m3_exp0_chunks(w8, K, M, K, LKS_E4M3_CHUNK, w8_flags);
+  if (!(gs_flags = malloc((size_t)(M * lks_e4m3_chunks(K))))) return 1;
+  lks_e4m3_exp0_chunks(gs, K / 16, M, K / 16, LKS_E4M3_CHUNK / 16, gs_flags);
   for (int64_t i = 0; i < (M + 127) / 128 * KB(K); i++) bs[i] = 0.01f;
   for (int64_t i = 0; i < 8 * K; i++) x[i] = (float)((i % 7) - 3) * 0.25f;
   static const char *levels[] = {"scalar", "avx2", "avx512", "amx", "neon", "neon_bf16"};
@@ -140,5 +156,6 @@ int main(int argc, char **argv) {
     }
   }
   free(wb), free(wf), free(x), free(bs), free(out), free(w8), free(w4), free(gs);
+  free(w8_flags), free(gs_flags);
   return 0;
 }

@@ -230,10 +230,11 @@ START_TEST(test_grid_kernels) {
           for (int f = 0; f < 3; f++) {  // FP8 per-row scale, FP8 128-blocks, NVFP4
             int64_t B = f == 1 ? 128 : K;
             if (f < 2 ? !k->fp8_grid : !k->nvfp4_grid || K % 16) continue;
-            if (f < 2) k->fp8_grid(wc, ah, bsp, B, (const float *const *)split, nw, nx, K, out);
+            if (f < 2)
+              k->fp8_grid(wc, ah, bsp, NULL, B, (const float *const *)split, nw, nx, K, out);
             else
-              k->nvfp4_grid(wc, ah, (const uint8_t *const *)gs, (const float *const *)nsplit, nw,
-                            nx, K, out);
+              k->nvfp4_grid(wc, ah, (const uint8_t *const *)gs, NULL,
+                            (const float *const *)nsplit, nw, nx, K, out);
             for (int i = 0; i < nw; i++)
               for (int t = 0; t < nx; t++) {
                 const float *xt[1] = {x[t]};
@@ -247,6 +248,125 @@ START_TEST(test_grid_kernels) {
           }
       for (int i = 0; i < G; i++)
         free(w[i]), free(gs[i]), free(x[i]), free(split[i]), free(nsplit[i]);
+    }
+  }
+}
+END_TEST
+
+// FP8 codes of exponent 0 (zeros and subnormals) one at a time among normal codes, at the
+// start, middle and end of 128-column chunks, blocks and rows: the AVX-512 grids convert the
+// chunks that hold one by another path, chosen from lks_e4m3_exp0_chunks's flags (or by testing
+// the codes when given none), and a chunk taken by the common path would read such a code as
+// (1 + m/8) 2^-7 in place of m 2^-9 (or 0). Only column p's x is non-zero, so every kernel's
+// result is one product, exact, times the block's scale: one rounding, as the reference's.
+START_TEST(test_fp8_exponent0) {
+  uint64_t rs = 777;
+  const int64_t Ks[] = {24, 48, 130, 352, 1024 + 16 + 8};
+  const int64_t ps[] = {0, 1, 15, 16, 31, 32, 127, 128, 129, 255, 256, 300, 1039, 1047};
+  const uint8_t codes[] = {0x00, 0x80, 0x01, 0x86, 0x07, 0x85};
+  enum { G = 4 };
+  for (int lv = 0; lv < TU_N_SIMD_LEVELS; lv++) {
+    const lks__quant_kernels *k = lks__quant_kernels_get(levels[lv]);
+    if (!k) continue;
+    for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+      const int64_t K = Ks[ki], nc = lks_e4m3_chunks(K);
+      uint8_t *w[G], *fl[G];
+      float *x = calloc((size_t)K, sizeof *x), bs[16], out[G], one;
+      float *split = malloc((size_t)lks__fp8_split_len(K) * sizeof *split);
+      for (int i = 0; i < G; i++) {
+        w[i] = malloc((size_t)K), fl[i] = malloc((size_t)nc);
+        for (int64_t c = 0; c < K; c++) {  // exponent 1 or more, no NaN
+          w[i][c] = (uint8_t)(rand_e4m3(&rs) | 0x08);
+          if ((w[i][c] & 0x7f) == 0x7f) w[i][c] ^= 1;
+        }
+      }
+      for (int b = 0; b < 16; b++) bs[b] = (float)(0.001 + 0.01 * fabs(tu_randf(&rs)));
+      for (size_t pi = 0; pi < sizeof ps / sizeof ps[0]; pi++) {
+        const int64_t p = ps[pi];
+        if (p >= K) continue;
+        for (size_t ci = 0; ci < sizeof codes; ci++)
+          for (int blk = 0; blk < 2; blk++) {
+            const int64_t B = blk ? 128 : K;
+            const uint8_t keep = w[0][p];
+            w[0][p] = codes[ci];
+            x[p] = 1.5f;
+            for (int i = 0; i < G; i++) lks_e4m3_exp0_chunks(w[i], K, 1, K, LKS_E4M3_CHUNK, fl[i]);
+            ck_assert_int_eq(fl[0][p / 128], 1);
+            const float want = (float)(lks_e4m3_to_f32(codes[ci]) * 1.5 * bs[p / B]);
+            const float *xs[1] = {x}, *bsp[G];
+            for (int i = 0; i < G; i++) bsp[i] = bs;
+            k->fp8(w[0], bs, B, xs, 1, K, &one);
+            ck_assert_msg(one == want, "%s fp8 K=%lld blk=%lld code %#x at %lld: %a, not %a",
+                          levels[lv], (long long)K, (long long)B, codes[ci], (long long)p, one,
+                          want);
+            if (k->fp8_grid) {
+              k->fp8_split(x, K, split);
+              const float *sp[1] = {split};
+              for (int f = 0; f < 2; f++) {  // the flags, then none (the codes tested)
+                k->fp8_grid((const uint8_t *const *)w, NULL, bsp,
+                            f ? NULL : (const uint8_t *const *)fl, B, sp, G, 1, K, out);
+                ck_assert_msg(out[0] == want,
+                              "%s fp8 grid (%s) K=%lld blk=%lld code %#x at %lld: %a, not %a",
+                              levels[lv], f ? "no flags" : "flags", (long long)K, (long long)B,
+                              codes[ci], (long long)p, out[0], want);
+              }
+            }
+            w[0][p] = keep;
+            x[p] = 0;
+          }
+      }
+      for (int i = 0; i < G; i++) free(w[i]), free(fl[i]);
+      free(x), free(split);
+    }
+    // NVFP4: a group scale of exponent 0 among normal ones, column p's code non-zero.
+    const int64_t Kn[] = {48, 352, 1040};
+    for (size_t ki = 0; ki < sizeof Kn / sizeof Kn[0]; ki++) {
+      const int64_t K = Kn[ki], nc = lks_e4m3_chunks(K);
+      uint8_t *w[G], *gs[G], *fl[G];
+      float *x = calloc((size_t)K, sizeof *x), out[G], one;
+      float *split = malloc((size_t)lks__nvfp4_split_len(K) * sizeof *split);
+      for (int i = 0; i < G; i++) {
+        w[i] = malloc((size_t)K / 2), gs[i] = malloc((size_t)K / 16), fl[i] = malloc((size_t)nc);
+        for (int64_t c = 0; c < K / 2; c++) w[i][c] = (uint8_t)tu_rand(&rs) | 0x11;
+        for (int64_t g = 0; g < K / 16; g++) {
+          gs[i][g] = (uint8_t)(rand_e4m3(&rs) | 0x08);
+          if ((gs[i][g] & 0x7f) == 0x7f) gs[i][g] ^= 1;
+        }
+      }
+      for (size_t pi = 0; pi < sizeof ps / sizeof ps[0]; pi++) {
+        const int64_t p = ps[pi];
+        if (p >= K) continue;
+        for (size_t ci = 0; ci < sizeof codes; ci++) {
+          const uint8_t keep = gs[0][p / 16];
+          gs[0][p / 16] = codes[ci];
+          x[p] = 1.5f;
+          for (int i = 0; i < G; i++)
+            lks_e4m3_exp0_chunks(gs[i], K / 16, 1, K / 16, LKS_E4M3_CHUNK / 16, fl[i]);
+          ck_assert_int_eq(fl[0][p / 128], 1);
+          const uint8_t code = p & 1 ? w[0][p / 2] >> 4 : w[0][p / 2] & 15;
+          const float want = (float)(lks_e2m1_to_f32(code) * 1.5 * lks_e4m3_to_f32(codes[ci]));
+          const float *xs[1] = {x};
+          k->nvfp4(w[0], gs[0], xs, 1, K, &one);
+          ck_assert_msg(one == want, "%s nvfp4 K=%lld scale %#x at %lld: %a, not %a", levels[lv],
+                        (long long)K, codes[ci], (long long)p, one, want);
+          if (k->nvfp4_grid) {
+            k->nvfp4_split(x, K, split);
+            const float *sp[1] = {split};
+            for (int f = 0; f < 2; f++) {  // the flags, then none (the scales tested)
+              k->nvfp4_grid((const uint8_t *const *)w, NULL, (const uint8_t *const *)gs,
+                            f ? NULL : (const uint8_t *const *)fl, sp, G, 1, K, out);
+              ck_assert_msg(out[0] == want,
+                            "%s nvfp4 grid (%s) K=%lld scale %#x at %lld: %a, not %a",
+                            levels[lv], f ? "no flags" : "flags", (long long)K, codes[ci],
+                            (long long)p, out[0], want);
+            }
+          }
+          gs[0][p / 16] = keep;
+          x[p] = 0;
+        }
+      }
+      for (int i = 0; i < G; i++) free(w[i]), free(gs[i]), free(fl[i]);
+      free(x), free(split);
     }
   }
 }
@@ -390,6 +510,7 @@ int main(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_kernels);
   tcase_add_test(tc, test_grid_kernels);
+  tcase_add_test(tc, test_fp8_exponent0);
   tcase_add_test(tc, test_big_batch);
   tcase_add_test(tc, test_batch_invariance);
   suite_add_tcase(s, tc);
