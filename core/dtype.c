@@ -3,6 +3,9 @@
 #include "core/dtype.h"
 
 #include <math.h>
+#include <stdbool.h>
+
+#include "core/fastmath.h"
 
 static const struct {
   const char *name;
@@ -66,17 +69,23 @@ float lks_e4m3_to_f32(uint8_t b) {
   return (b & 0x80) ? -v : v;
 }
 
+// Whether one of the m bytes at p has exponent 0: the least byte | 0x87 is 0x87 just then (a
+// min reduction, vectorised: the loader scans every FP8 code, 0.5 s a GB as a scalar loop).
+LKS_WIDE_CLONES LKS_VECTORIZE static bool exp0_any(const uint8_t *p, int64_t m) {
+  uint8_t least = 0xFF;
+  for (int64_t j = 0; j < m; j++) {
+    uint8_t v = (uint8_t)(p[j] | 0x87);
+    least = v < least ? v : least;
+  }
+  return least == 0x87;
+}
+
 void lks_e4m3_exp0_chunks(const uint8_t *b, int64_t ld, int64_t rows, int64_t n, int64_t per,
                           uint8_t *flags) {
   const int64_t nc = (n + per - 1) / per;
   for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < nc; c++) {
-      const uint8_t *p = b + r * ld + c * per;
-      int64_t m = n - c * per < per ? n - c * per : per;
-      uint8_t least = 0xFF;  // of byte | 0x87: 0x87 just where the exponent is 0
-      for (int64_t j = 0; j < m; j++) least = (uint8_t)(p[j] | 0x87) < least ? p[j] | 0x87 : least;
-      flags[r * nc + c] = least == 0x87;
-    }
+    for (int64_t c = 0; c < nc; c++)
+      flags[r * nc + c] = exp0_any(b + r * ld + c * per, n - c * per < per ? n - c * per : per);
 }
 
 float lks_e2m1_to_f32(uint8_t code) {
