@@ -430,13 +430,15 @@ AVX2 static void nvfp4_avx2(const uint8_t *w, const uint8_t *gs, const float *co
 // then reads (1 + m/8) 2^-15 = t where it is worth m 2^-17, which is 2t -+ 2^-14
 // (fp8_fix_avx512: exact, Sterbenz). The loader flags each row's chunks of 128 columns that
 // hold such a code (lks_e4m3_exp0_chunks, lks__qweight.exp0); a flagged chunk's steps convert
-// the flagged rows' codes with the fix (a compare and a masked FMA a vector, out of line), the
+// the flagged rows' codes with the fix (3 operations a vector, out of line), the
 // others as before, and both give the same f32 for a code of exponent 1-15, so a row's
 // arithmetic does not depend on which rows share its grid. Without flags (tests, kernel_bench
 // by hand) the kernel tests the codes of each chunk (two vector tests a row). NVFP4's scales
 // alike: a step's 8 scales, one chunk, from a table where flagged. The AVX2 kernels keep the
-// 2^-120 placement (their subnormal weights cost an Intel core the same; on AMD's Zen 3 the
-// test of each chunk cost FP8 decode 30 %).
+// 2^-120 placement, and an Intel core pays the same assists there: with the exponent raised (an
+// OR more, no ternary logic on AVX2) and each chunk tested, the AVX2 FP8 kernel took x1.5 the
+// time in cache and x1.3 out of it on this host (LKS_SIMD=avx2, kernel_bench, before the flags),
+// which an AVX2-only AMD core (no assists; FP8 there is bound by these operations) would lose.
 
 AVX512 INLINE __m512 fp8_fix_avx512(__m512 t) {  // exponent 0: 2t -+ 2^-14 (t >= +0, t <= -0)
   const __m512i t32 = _mm512_castps_si512(t);
