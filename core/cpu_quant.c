@@ -724,20 +724,29 @@ AVX512 static void fp8_avx512_split(const float *x, int64_t K, float *xs) {
 }
 
 // One step at column k of RW weight rows by NX activation rows.
-// exact: rows i with bit i of ex set convert their codes exactly (fp8_fix_avx512).
+// Rows i with bit i of ex set convert their codes exactly (fp8_fix_avx512); ex = 0: none.
 AVX512 INLINE void fp8_g_step(const uint8_t *const *w, const float *const *xs, int64_t k,
-                              bool half, bool exact, unsigned ex, __m512 *p, const int RW,
-                              const int NX) {
+                              bool half, unsigned ex, __m512 *p, const int RW, const int NX) {
   LKS_UNROLL
   for (int i = 0; i < RW; i++) {
     __m512 we, wo;
-    fp8_pair(w[i] + k, half, exact && (ex >> i & 1), &we, &wo);
+    fp8_pair(w[i] + k, half, ex >> i & 1, &we, &wo);
     LKS_UNROLL
     for (int t = 0; t < NX; t++) {
       __m512 *q = &p[i * NX + t];
       *q = _mm512_fmadd_ps(we, _mm512_loadu_ps(xs[t] + k), *q);
       *q = _mm512_fmadd_ps(wo, _mm512_loadu_ps(xs[t] + k + 16), *q);
     }
+  }
+}
+
+// Each other step (a line of codes each 64 columns): the rows' lines ahead, into L1 and L2.
+AVX512 INLINE void fp8_fetch(const uint8_t *const *ahead, int64_t k, const int RW) {
+  if (!ahead || (k & 32)) return;
+  LKS_UNROLL
+  for (int i = 0; i < RW; i++) {
+    _mm_prefetch((const char *)ahead[i] + k, _MM_HINT_T0);
+    _mm_prefetch((const char *)ahead[LKS__QGRID + i] + k, _MM_HINT_T1);
   }
 }
 
@@ -753,15 +762,8 @@ AVX512 INLINE void fp8_g_step(const uint8_t *const *w, const float *const *xs, i
     LKS_UNROLL                                                                                 \
     for (int j = 0; j < RW * NX; j++) p[j] = q[j];                                             \
     for (int64_t e = k + n; k < e; k += 32) {                                                  \
-      if (ahead && !(k & 32)) {                                                                \
-        LKS_UNROLL                                                                             \
-        for (int i = 0; i < RW; i++) {                                                         \
-          _mm_prefetch((const char *)ahead[i] + k, _MM_HINT_T0);                               \
-          _mm_prefetch((const char *)ahead[LKS__QGRID + i] + k, _MM_HINT_T1);                  \
-        }                                                                                      \
-      }                                                                                        \
-      if (k + 32 <= e) fp8_g_step(w, xs, k, false, true, ex, p, RW, NX);                       \
-      else fp8_g_step(w, xs, k, true, true, ex, p, RW, NX);                                    \
+      fp8_fetch(ahead, k, RW);                                                                 \
+      fp8_g_step(w, xs, k, k + 32 > e, ex, p, RW, NX);                                         \
     }                                                                                          \
     LKS_UNROLL                                                                                 \
     for (int j = 0; j < RW * NX; j++) q[j] = p[j];                                             \
@@ -815,17 +817,11 @@ AVX512 INLINE void fp8_avx512_g(const uint8_t *const *w, const uint8_t *const *a
         continue;
       }
       for (; k + 32 <= e; k += 32) {
-        if (ahead && !(k & 32)) {
-          LKS_UNROLL
-          for (int i = 0; i < RW; i++) {
-            _mm_prefetch((const char *)ahead[i] + k, _MM_HINT_T0);
-            _mm_prefetch((const char *)ahead[LKS__QGRID + i] + k, _MM_HINT_T1);
-          }
-        }
-        fp8_g_step(w, xs, k, false, false, 0, p, RW, NX);
+        fp8_fetch(ahead, k, RW);
+        fp8_g_step(w, xs, k, false, 0, p, RW, NX);
       }
       if (k < e) {
-        fp8_g_step(w, xs, k, true, false, 0, p, RW, NX);
+        fp8_g_step(w, xs, k, true, 0, p, RW, NX);
         k += 16;
       }
     }
