@@ -355,6 +355,80 @@ static int nucleus_by_bins(const float *l, int V, float mx, float inv_t, const f
   return k;
 }
 
+enum { FEW = 4096, THRESHOLD_ROUNDS = 6 };  // nucleus candidates few enough to sort directly
+
+// How many of w[0, n) are at least th (their mass, summed in double, into *mass): two
+// vectorisable passes (gcc vectorises neither when the count and the sum share one loop, nor the
+// sum written with a conditional; the weights are finite, so w * 0 is 0).
+LKS_VECTORIZE LKS_WIDE_CLONES static int count_at_least(const float *w, int n, float th,
+                                                        double *mass) {
+  double s[8] = {0};
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; j++) s[j] += (double)(w[i + j] * (float)(w[i + j] >= th));
+  for (; i < n; i++) s[0] += (double)(w[i] * (float)(w[i] >= th));
+  *mass = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+  int c = 0;
+  for (i = 0; i < n; i++) c += w[i] >= th;
+  return c;
+}
+
+// Whether any of w[0, n) is at least th.
+LKS_VECTORIZE LKS_WIDE_CLONES static bool any_at_least(const float *w, int n, float th) {
+  int any = 0;
+  for (int i = 0; i < n; i++) any |= w[i] >= th;
+  return any;
+}
+
+// Top-p when few tokens can be in the nucleus (a peaked distribution, as a trained model's). The
+// nucleus is the shortest best-first prefix holding top_p of the mass, so its last token and all
+// after it hold more than (1 - top_p) of it. A token lighter than
+//   theta = ((1 - top_p) sum - E) / n,
+// where E is the mass of the tokens already ruled out and n how many remain, is therefore never in
+// it: its successors and the last token would weigh no more than it each, under n theta from the
+// remaining tokens and E from the others, less than (1 - top_p) sum together. Each round raises
+// theta with one vectorisable pass (the count and mass at or above it); once at most FEW remain
+// they are collected and sorted. Returns the nucleus's length, as nucleus_by_bins does, or -1
+// when a round does not halve the candidates (flat logits: the bins are faster then). The
+// margins cover the rounding of E (sum and the kept mass are summed in different orders: under
+// 1e-12 sum) and of theta to float.
+static int nucleus_by_threshold(const float *l, int V, const float *w, double sum, double top_p,
+                                scratch *b) {
+  double budget = (1 - (top_p > 0 ? top_p : 0)) * sum, kept_mass = sum;
+  int n = V;
+  float th = 0;
+  for (int round = 0; n > FEW; round++) {
+    double room = budget - (sum - kept_mass) - 1e-9 * sum;
+    if (round == THRESHOLD_ROUNDS || room <= 0) return -1;
+    float next = (float)(room / n * (1 - 1e-6));
+    if (!(next > th)) return -1;
+    int m = count_at_least(w, V, next, &kept_mass);
+    if (m == 0 || m > n / 2) return -1;
+    th = next;
+    n = m;
+  }
+  // The candidates, in blocks of 64 that any of them is in (for a peaked distribution, few).
+  cand *c = b->c;
+  int k = 0;
+  for (int at = 0; at < V; at += 64) {
+    int end = at + 64 < V ? at + 64 : V;
+    if (any_at_least(w + at, end - at, th))
+      for (int i = at; i < end; i++)
+        if (w[i] >= th) c[k++] = (cand){l[i], i};
+  }
+  qsort(c, (size_t)k, sizeof *c, by_rank);
+  double acc = 0;
+  int take = 0;
+  while (take < k) {
+    acc += w[c[take].i] / sum;
+    take++;
+    if (acc >= top_p) break;
+  }
+  for (int j = 0; j < take; j++) c[j].l = w[c[j].i];
+  qsort(c, (size_t)take, sizeof *c, by_id);
+  return take;
+}
+
 static int keep(const float *l, int V, const lks_sampling *p, kept_set *out) {
   *out = (kept_set){0};
   scratch *b = scratch_get(V);
@@ -370,7 +444,8 @@ static int keep(const float *l, int V, const lks_sampling *p, kept_set *out) {
       out->n = V;
       return 0;
     }
-    m = nucleus_by_bins(l, V, mx, inv_t, out->w, out->sum, p->top_p, b);
+    m = nucleus_by_threshold(l, V, out->w, out->sum, p->top_p, b);
+    if (m < 0) m = nucleus_by_bins(l, V, mx, inv_t, out->w, out->sum, p->top_p, b);
     out->c = b->c;
     out->w = NULL;
   } else {

@@ -363,10 +363,19 @@ static const struct {
   float T;
   int top_k;
   float top_p;
+  float body;  // the logits' body: uniform in [-body, body)
+  bool peaks;  // and a few dozen much larger ones
 } fs_cases[] = {
-    {151552, 1.0f, 0, 1.0f},  {151552, 0.7f, 0, 0.95f}, {151552, 0.6f, 40, 1.0f},
-    {151552, 1.0f, 50, 0.9f}, {151552, 1.2f, 0, 0.5f},  {151552, 0.8f, 20000, 0.99f},
-    {151552, 1.0f, 1, 1.0f},  {1000, 1.0f, 0, 0.999f},  {7, 0.9f, 3, 0.8f},
+    {151552, 1.0f, 0, 1.0f, 3, true},  {151552, 0.7f, 0, 0.95f, 3, true},
+    {151552, 0.6f, 40, 1.0f, 3, true}, {151552, 1.0f, 50, 0.9f, 3, true},
+    {151552, 1.2f, 0, 0.5f, 3, true},  {151552, 0.8f, 20000, 0.99f, 3, true},
+    {151552, 1.0f, 1, 1.0f, 3, true},  {1000, 1.0f, 0, 0.999f, 3, true},
+    {7, 0.9f, 3, 0.8f, 3, true},
+    // Top-p's two ways at this size: nearly flat logits (an untrained model's) keep most of the
+    // vocabulary (sample.c's bins); a broad body without peaks takes several rounds of the
+    // threshold before few enough remain; and one where they never do (the bins again).
+    {151552, 1.0f, 0, 0.95f, 0.1f, false}, {151552, 1.0f, 0, 0.5f, 0.1f, false},
+    {151552, 0.5f, 0, 0.9f, 6, false},     {151552, 1.0f, 0, 0.99f, 2, false},
 };
 
 // Logits like a language model's: a broad body and a few dozen much larger ones, with ties.
@@ -377,8 +386,10 @@ START_TEST(test_full_sort_same_tokens) {
   float *l = malloc((size_t)V * sizeof *l), *ref = malloc((size_t)V * sizeof *ref);
   float *got = malloc((size_t)V * sizeof *got);
   ck_assert(l && ref && got);
-  for (int i = 0; i < V; i++) l[i] = 3.0f * tu_randf(&g);
-  for (int i = 0; i < 40 && i < V; i++) l[tu_rand(&g) % (uint64_t)V] = 10.0f + 4.0f * tu_randf(&g);
+  for (int i = 0; i < V; i++) l[i] = fs_cases[_i].body * tu_randf(&g);
+  if (fs_cases[_i].peaks)
+    for (int i = 0; i < 40 && i < V; i++)
+      l[tu_rand(&g) % (uint64_t)V] = 10.0f + 4.0f * tu_randf(&g);
   for (int i = 0; i < 10 && i < V; i++) l[tu_rand(&g) % (uint64_t)V] = l[tu_rand(&g) % (uint64_t)V];
   full_sort_probs(l, V, &s, ref);
   ck_assert_int_eq(lks_sampling_probs(l, V, &s, got), 0);
@@ -395,6 +406,38 @@ START_TEST(test_full_sort_same_tokens) {
   free(l);
   free(ref);
   free(got);
+}
+END_TEST
+
+// Top-p where sample.c's threshold is nearly tight: one peak, one token slightly above the rest,
+// and the rest, all equal, holding just under 1 - top_p of the mass. The nucleus is the peak and
+// that token, whose weight is within 2.1x of the bound ((1 - top_p) sum / V: no token lighter can
+// be in the nucleus), so a bound a few times too high drops it. (The random logits above leave
+// the bound orders of magnitude below the nucleus's edge.)
+START_TEST(test_nucleus_tight_threshold) {
+  const int V = 151552;
+  const double top_p = 0.9, d = 0.7;  // the second token's logit; the rest are 0
+  // The peak's weight e^L midway between the two edges: e^L < top_p S <= e^L + e^d.
+  double eL = (top_p * (exp(d) + V - 2) - exp(d) / 2) / (1 - top_p);
+  float *l = calloc((size_t)V, sizeof *l), *got = malloc((size_t)V * sizeof *got);
+  float *ref = malloc((size_t)V * sizeof *ref);
+  ck_assert(l && got && ref);
+  const int peak = 77777, second = 123;
+  l[peak] = (float)log(eL);
+  l[second] = (float)d;
+  // The float logits kept the setup (rounding moves e^L by under 5e-7 of it: about 0.7 here).
+  double S = exp((double)l[peak]) + exp((double)l[second]) + (V - 2);
+  ck_assert(exp((double)l[peak]) < top_p * S && exp((double)l[peak]) + exp(d) >= top_p * S);
+  lks_sampling s = {1.0f, 0, (float)top_p};
+  full_sort_probs(l, V, &s, ref);
+  ck_assert(ref[peak] > 0 && ref[second] > 0 && ref[0] == 0);
+  ck_assert_int_eq(lks_sampling_probs(l, V, &s, got), 0);
+  for (int i = 0; i < V; i++)
+    ck_assert_msg((got[i] > 0) == (ref[i] > 0) && fabsf(got[i] - ref[i]) <= 1e-6f * ref[i],
+                  "token %d: %.9g, full sort %.9g", i, got[i], ref[i]);
+  free(l);
+  free(got);
+  free(ref);
 }
 END_TEST
 
@@ -429,6 +472,7 @@ int main(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_loop_test(tc, test_full_sort_same_tokens, 0,
                       (int)(sizeof fs_cases / sizeof fs_cases[0]));
+  tcase_add_test(tc, test_nucleus_tight_threshold);
   suite_add_tcase(s, tc);
 
   SRunner *sr = srunner_create(s);
