@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
 // Sampling (see sample.h). At real vocabulary sizes (~150k) nothing here sorts the vocabulary:
-// top-k keeps the k best in a heap during one scan; top-p alone bins the tokens by
-// (max - l) / T, finds the bin where the mass reaches top_p and sorts only that bin's tokens; the
+// top-k keeps the k best in a heap during one scan; top-p alone first bounds the weight below
+// which no token can be in the nucleus and sorts the few above it (a trained model's peaked
+// distribution); for flat logits, where most of the vocabulary is kept, it bins the tokens by
+// (max - l) / T, finds the bin where the mass reaches top_p and orders only that bin's tokens. The
 // weights exp((l - max) / T) come from one vectorisable pass in float, summed in double. Ordering
 // is by logit, ties to the lower id; the draw walks the kept tokens in id order, so a seed gives
 // the same tokens as a full sort would. No global state: safe to call from several threads at once
@@ -153,8 +155,8 @@ static void top_k(const float *l, int V, int k, cand *out) {
 }
 
 // The kept tokens and their final probabilities, the distribution both entry points use: dense
-// (every token, probability (float)(w[id] / sum)) or a list of kept ids, ascending. Its arrays
-// are the calling thread's scratch (below).
+// (every token, probability (float)(w[id] * (1 / sum)); a dropped token's weight is 0) or a list
+// of kept ids, ascending. Its arrays are the calling thread's scratch (below).
 typedef struct {
   int n;       // kept tokens
   cand *c;     // [n] for a list: .i the id, .l its probability; NULL when dense
@@ -173,7 +175,6 @@ typedef struct scratch {
   uint16_t *bins;  // [V]
   cand *c;         // [V + 1]
   double *mass;    // [4 BINS]
-  int *count;      // [BINS]
 } scratch;
 
 static pthread_key_t scratch_key;
@@ -187,7 +188,6 @@ static void scratch_free(void *p) {
   free(b->bins);
   free(b->c);
   free(b->mass);
-  free(b->count);
   free(b);
 }
 
@@ -210,8 +210,7 @@ static scratch *scratch_get(int V) {
   b->bins = malloc((size_t)V * sizeof *b->bins);
   b->c = malloc(((size_t)V + 1) * sizeof *b->c);
   b->mass = malloc(4 * BINS * sizeof *b->mass);
-  b->count = malloc(BINS * sizeof *b->count);
-  if (!b->w || !b->bins || !b->c || !b->mass || !b->count ||
+  if (!b->w || !b->bins || !b->c || !b->mass ||
       pthread_setspecific(scratch_key, b) != 0) {
     scratch_free(b);
     return NULL;
@@ -292,45 +291,55 @@ static int refine_edge(cand *edge, int *ne, float mx, float inv_t, const float *
   return taken;
 }
 
-// Top-p over the whole vocabulary without sorting it: the mass of each bin of (max - l) / T finds
-// the bin where the cumulative mass reaches top_p; only that bin's tokens are sorted. Fills the
-// list b->c (ids ascending, unnormalised weights in .l) and returns its length.
-static int nucleus_by_bins(const float *l, int V, float mx, float inv_t, const float *w, double sum,
-                           double top_p, scratch *b) {
-  double *mass = b->mass;  // four histograms (below), then one
-  int *count = b->count;
+// w[i] = 0 for the tokens outside the nucleus: those of bins after the cut, and of the cut bin
+// those not taken (bins[i] == BINS marks a taken one). Returns the kept weights' sum, in
+// weights()'s order.
+LKS_VECTORIZE_NO_CONTRACT LKS_WIDE_CLONES static double
+keep_bins(float *w, const uint16_t *bins, int V, int cut) {
+  for (int i = 0; i < V; i++) w[i] *= (float)((bins[i] < cut) | (bins[i] == BINS));
+  double s[8] = {0};
+  int i = 0;
+  for (; i + 8 <= V; i += 8)
+    for (int j = 0; j < 8; j++) s[j] += w[i + j];
+  for (; i < V; i++) s[0] += w[i];
+  return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
+// Top-p over the whole vocabulary without sorting it, for flat logits (most of the vocabulary
+// kept): the mass of each bin of (max - l) / T finds the bin where the cumulative mass reaches
+// top_p; only that bin's tokens are ordered (refine_edge, then a sort). The result is dense: w
+// keeps the nucleus's weights and zeros elsewhere; returns their sum.
+static double nucleus_by_bins(const float *l, int V, float mx, float inv_t, float *w, double sum,
+                              double top_p, scratch *b) {
+  // Four histograms of the mass, so that tokens of one bin in a row (all of them, for flat
+  // logits) do not wait on each other's sums; added into the first in a fixed order.
+  double *m0 = b->mass, *m1 = m0 + BINS, *m2 = m1 + BINS, *m3 = m2 + BINS;
   uint16_t *bins = b->bins;
-  cand *c = b->c;
-  memset(mass, 0, 4 * BINS * sizeof *mass);
-  memset(count, 0, BINS * sizeof *count);
+  memset(m0, 0, 4 * BINS * sizeof *m0);
   bin_all(l, V, mx, inv_t, bins);
-  // mass holds four interleaved histograms, so that tokens of one bin in a row (all of them,
-  // for flat logits) do not wait on each other's sums; added into the first in a fixed order.
   int i4 = 0;
-  for (; i4 + 4 <= V; i4 += 4)
-    for (int j = 0; j < 4; j++) {
-      mass[j * BINS + bins[i4 + j]] += w[i4 + j];
-      count[bins[i4 + j]]++;
-    }
-  for (; i4 < V; i4++) {
-    mass[bins[i4]] += w[i4];
-    count[bins[i4]]++;
+  for (; i4 + 4 <= V; i4 += 4) {
+    m0[bins[i4]] += w[i4];
+    m1[bins[i4 + 1]] += w[i4 + 1];
+    m2[bins[i4 + 2]] += w[i4 + 2];
+    m3[bins[i4 + 3]] += w[i4 + 3];
   }
-  for (int b = 0; b < BINS; b++)
-    mass[b] = (mass[b] + mass[BINS + b]) + (mass[2 * BINS + b] + mass[3 * BINS + b]);
+  for (; i4 < V; i4++) m0[bins[i4]] += w[i4];
+  for (int k = 0; k < BINS; k++) m0[k] = (m0[k] + m1[k]) + (m2[k] + m3[k]);
   double acc = 0;
-  int cut = 0, n = 0;
+  int cut = 0;
   for (; cut < BINS - 1; cut++) {
-    if (acc + mass[cut] / sum >= top_p) break;
-    acc += mass[cut] / sum;
-    n += count[cut];
+    if (acc + m0[cut] / sum >= top_p) break;
+    acc += m0[cut] / sum;
   }
-  // The cut bin's tokens; the best-first prefix of them that reaches top_p. (c has V + 1
-  // entries: n + count[cut] <= V, and + 1 for the branch-free fill below.)
-  cand *edge = c + n;
+  // The cut bin's tokens (branch-free: c has V + 1 entries); the best-first prefix of them that
+  // reaches top_p.
+  cand *edge = b->c;
   int ne = 0;
-  for (int i = 0; i < V; i++)
-    if (bins[i] == cut) edge[ne++] = (cand){l[i], i};
+  for (int i = 0; i < V; i++) {
+    edge[ne] = (cand){l[i], i};
+    ne += bins[i] == cut;
+  }
   int take = cut < BINS - 1 ? refine_edge(edge, &ne, mx, inv_t, w, sum, top_p, cut, &acc) : 0;
   qsort(edge + take, (size_t)ne, sizeof *edge, by_rank);
   for (int j = 0; j < ne; j++) {
@@ -338,21 +347,9 @@ static int nucleus_by_bins(const float *l, int V, float mx, float inv_t, const f
     take++;
     if (acc >= top_p) break;
   }
-  if (n == 0 && take == 0) take = 1;  // at least one token
-  // The kept tokens in id order: the bins before the cut, and the taken ones of the cut bin
-  // (marked with the bin number BINS, which no bin has).
+  if (take == 0 && cut == 0) take = 1;  // at least one token (the best is in bin 0)
   for (int j = 0; j < take; j++) bins[edge[j].i] = BINS;
-  int k = 0;
-  if ((int64_t)(n + take) * 8 < V) {  // few kept: a branch that is rarely taken
-    for (int i = 0; i < V; i++)
-      if (bins[i] < cut || bins[i] == BINS) c[k++] = (cand){w[i], i};
-  } else {  // many (flat logits): a random mix, so branch-free
-    for (int i = 0; i < V; i++) {
-      c[k] = (cand){w[i], i};
-      k += (bins[i] < cut) | (bins[i] == BINS);
-    }
-  }
-  return k;
+  return keep_bins(w, bins, V, cut);
 }
 
 enum { FEW = 4096, THRESHOLD_ROUNDS = 6 };  // nucleus candidates few enough to sort directly
@@ -445,7 +442,11 @@ static int keep(const float *l, int V, const lks_sampling *p, kept_set *out) {
       return 0;
     }
     m = nucleus_by_threshold(l, V, out->w, out->sum, p->top_p, b);
-    if (m < 0) m = nucleus_by_bins(l, V, mx, inv_t, out->w, out->sum, p->top_p, b);
+    if (m < 0) {  // flat: most of the vocabulary is kept, as a dense set
+      out->sum = nucleus_by_bins(l, V, mx, inv_t, out->w, out->sum, p->top_p, b);
+      out->n = V;
+      return 0;
+    }
     out->c = b->c;
     out->w = NULL;
   } else {
@@ -482,18 +483,72 @@ static int keep(const float *l, int V, const lks_sampling *p, kept_set *out) {
   return 0;
 }
 
+// A dense set's probabilities: p_i = (float)(w[i] * inv), inv = 1 / sum (lks_sampling_probs and
+// the draw use the same).
+LKS_VECTORIZE LKS_WIDE_CLONES static void dense_probs(const float *w, int n, double inv,
+                                                      float *p) {
+  for (int i = 0; i < n; i++) p[i] = (float)(w[i] * inv);
+}
+
+// Their sum over w[0, n), in double (eight interleaved partial sums, then a fixed tree).
+LKS_VECTORIZE_NO_CONTRACT LKS_WIDE_CLONES static double dense_mass(const float *w, int n,
+                                                                   double inv) {
+  double s[8] = {0};
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; j++) s[j] += (float)(w[i + j] * inv);
+  for (; i < n; i++) s[0] += (float)(w[i] * inv);
+  return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
+enum { DRAW_BLOCK = 64 };
+
+// The draw over a dense set: the first token, in id order, where the running sum of the
+// probabilities passes u (the last kept token if rounding left u above the total). A block of
+// DRAW_BLOCK tokens whose total leaves the sum at or below u is passed whole, its total summed in
+// a vectorisable order: only where the sum in id order would pass u within about 1e-16 of a
+// block's end could the two part, a chance under 1e-11 a draw.
+static int draw_dense(const float *w, int V, double inv, double u) {
+  double acc = 0;
+  int last = 0;
+  for (int at = 0; at < V; at += DRAW_BLOCK) {
+    int n = V - at < DRAW_BLOCK ? V - at : DRAW_BLOCK;
+    double m = dense_mass(w + at, n, inv);
+    if (!(m > 0)) continue;
+    if (acc + m <= u) {
+      acc += m;
+      for (int j = n - 1; j >= 0; j--)
+        if ((float)(w[at + j] * inv) > 0) {
+          last = at + j;
+          break;
+        }
+      continue;
+    }
+    for (int j = 0; j < n; j++) {
+      float pj = (float)(w[at + j] * inv);
+      if (pj <= 0) continue;
+      last = at + j;
+      acc += pj;
+      if (u < acc) return last;
+    }
+  }
+  return last;
+}
+
 int lks_sampling_probs(const float *logits, int V, const lks_sampling *p, float *probs) {
-  memset(probs, 0, (size_t)V * sizeof *probs);
   if (p->temperature <= 0) {
+    memset(probs, 0, (size_t)V * sizeof *probs);
     probs[lks_argmax(logits, V)] = 1.0f;
     return 0;
   }
   kept_set k;
   LKS_TRY(keep(logits, V, p, &k));
-  if (k.c)
+  if (k.c) {
+    memset(probs, 0, (size_t)V * sizeof *probs);
     for (int j = 0; j < k.n; j++) probs[k.c[j].i] = k.c[j].l;
-  else
-    for (int i = 0; i < V; i++) probs[i] = (float)(k.w[i] / k.sum);
+  } else {
+    dense_probs(k.w, V, 1.0 / k.sum, probs);
+  }
   return 0;
 }
 
@@ -501,18 +556,17 @@ int lks_sample(const float *logits, int V, const lks_sampling *p, lks_rng *rng) 
   if (p->temperature <= 0) return lks_argmax(logits, V);
   kept_set k;
   LKS_TRY(keep(logits, V, p, &k));
-  // The walk in id order over the kept probabilities that lks_sampling_probs returns.
-  double u = lks_rng_uniform(rng), acc = 0;
-  int tok = -1, last = 0;
+  double u = lks_rng_uniform(rng);
+  if (!k.c) return draw_dense(k.w, V, 1.0 / k.sum, u);
+  // The walk in id order over the kept list's probabilities (those lks_sampling_probs returns).
+  double acc = 0;
+  int last = 0;
   for (int j = 0; j < k.n; j++) {
-    float pj = k.c ? k.c[j].l : (float)(k.w[j] / k.sum);
+    float pj = k.c[j].l;
     if (pj <= 0) continue;
-    last = k.c ? k.c[j].i : j;
+    last = k.c[j].i;
     acc += pj;
-    if (u < acc) {
-      tok = last;
-      break;
-    }
+    if (u < acc) return last;
   }
-  return tok >= 0 ? tok : last;  // rounding left u above the total: the last kept token
+  return last;  // rounding left u above the total: the last kept token
 }
