@@ -357,9 +357,10 @@ class Glm5Ref(GlmRef):
         return x, (sel, idx)
 
     # --- full forward (naive) ------------------------------------------------------
-    def forward(self, tokens, dense_mla=False, dump=None, absorbed=False):
-        """Full causal forward.  Returns (hn [T,H] after model.norm, logits [T,V]).
-        dump: a list that receives one idx array per layer."""
+    def forward(self, tokens, dense_mla=False, dump=None, absorbed=False, last=False):
+        """Full causal forward.  Returns (hn [T,H] after model.norm, logits [T,V]; with last,
+        [1,V] of the last row, as glm_ref's). dump: a list that receives one idx array per
+        layer."""
         tokens = np.asarray(tokens)
         pos = np.arange(len(tokens))
         x = self.w("model.embed_tokens.weight")[tokens]
@@ -370,15 +371,15 @@ class Glm5Ref(GlmRef):
             if self.indexer_full[L]:
                 prev = st
         hn = self.rmsnorm(x, self.w("model.norm.weight"))
-        return hn, self.lm_head(hn)
+        return hn, self.lm_head(hn[-1:] if last else hn)
 
     # --- MTP (MODEL.md section 3); the MTP layer always has its own indexer ----
-    def mtp_layer(self, u, dense_mla=False, dump=None):
+    def mtp_layer(self, u, dense_mla=False, dump=None, last=False):
         N = self.N
         z, st = self.decoder_layer5(N, u, np.arange(u.shape[0]), True, True, None,
                                     dense_mla=dense_mla, dump=dump)
         hs = self.rmsnorm(z, self.w("model.layers.%d.shared_head.norm.weight" % N))
-        return hs, self.lm_head(hs)
+        return hs, self.lm_head(hs[-1:] if last else hs)
 
 
 class Engine:
@@ -516,7 +517,7 @@ def main(argv):
                 if d > 0:
                     u_new = m.mtp_input(h_c[None, :], [int(np.argmax(lg_c))])
                     seq = np.concatenate([seq, u_new], axis=0)
-                    hs_s, lg_s = m.mtp_layer(seq)
+                    hs_s, lg_s = m.mtp_layer(seq, last=True)
                     h_c, lg_c = hs_s[-1], lg_s[-1]
                 chain[ai, d] = lg_c
                 chain_margin.append(top2_margin(lg_c))

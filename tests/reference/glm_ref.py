@@ -402,15 +402,17 @@ class GlmRef:
     def lm_head(self, hn):
         return hn @ self.w("lm_head.weight").T
 
-    def forward(self, tokens):
-        """Full causal forward.  Returns (hn [T,H] after model.norm, logits [T,V])."""
+    def forward(self, tokens, last=False):
+        """Full causal forward.  Returns (hn [T,H] after model.norm, logits [T,V]); with last,
+        the logits of the last row only ([1,V]: a row's logits depend on no other row, and the
+        lm_head over every row was most of this script's time at V = 151,552)."""
         tokens = np.asarray(tokens)
         pos = np.arange(len(tokens))
         x = self.w("model.embed_tokens.weight")[tokens]    # no scaling
         for L in range(self.N):
             x = self.decoder_layer(L, x, pos, moe=(L >= self.first_dense))
         hn = self.rmsnorm(x, self.w("model.norm.weight"))
-        return hn, self.lm_head(hn)
+        return hn, self.lm_head(hn[-1:] if last else hn)
 
     # --- MTP (MODEL.md section 3) ---------------------------------------------
     def mtp_input(self, h, t):
@@ -421,13 +423,13 @@ class GlmRef:
         g = self.rmsnorm(h, self.w(p + "hnorm.weight"))
         return np.concatenate([e, g], axis=-1) @ self.w(p + "eh_proj.weight").T
 
-    def mtp_layer(self, u):
+    def mtp_layer(self, u, last=False):
         """Run the MTP decoder layer causally over u [T,H] (row t at position t).
-        Returns (hs = shared_head.norm(z) [T,H], logits [T,V])."""
+        Returns (hs = shared_head.norm(z) [T,H], logits [T,V]; with last, [1,V] of the last row)."""
         N = self.N
         z = self.decoder_layer(N, u, np.arange(u.shape[0]), moe=True)
         hs = self.rmsnorm(z, self.w("model.layers.%d.shared_head.norm.weight" % N))
-        return hs, self.lm_head(hs)                        # main lm_head
+        return hs, self.lm_head(hs[-1:] if last else hs)  # main lm_head
 
 
 def top2_margin(row):
@@ -466,7 +468,7 @@ def outputs(m, tokens, T, anchors, chain_len, drafts=None):
                     used[ai, d] = t
                     u_new = m.mtp_input(h_c[None, :], [t])
                     seq = np.concatenate([seq, u_new], axis=0)
-                    hs_s, lg_s = m.mtp_layer(seq)
+                    hs_s, lg_s = m.mtp_layer(seq, last=True)
                     h_c, lg_c = hs_s[-1], lg_s[-1]
                 chain[ai, d] = lg_c
         res["mtp_chain_logits"] = chain
@@ -549,7 +551,7 @@ def main(argv):
     #    index, which np.argmax gives), until G+1 tokens are generated.
     margins = []
     for _ in range(G + 1):
-        _, lg = m.forward(tokens)
+        _, lg = m.forward(tokens, last=True)
         last = lg[-1]
         margins.append(top2_margin(last))
         tokens.append(int(np.argmax(last)))

@@ -378,7 +378,7 @@ def assert_greedy(m, prompt, tokens):
 def greedy_full(m, prompt, count):
     toks = list(prompt)
     for _ in range(count):
-        _, lg = m.forward(toks)
+        _, lg = m.forward(toks, last=True)
         toks.append(int(np.argmax(lg[-1])))
     return toks[len(prompt):]
 
@@ -419,7 +419,7 @@ def replay(m, prompt, K, n_gen, res):
             if step > 0:
                 u_new = m.mtp_input(h_c[None, :], [d[-1]])
                 seqm = np.concatenate([seqm, u_new], axis=0)
-                hs_s, lg_s = m.mtp_layer(seqm)
+                hs_s, lg_s = m.mtp_layer(seqm, last=True)
                 h_c, lg_c = hs_s[-1], lg_s[-1]
             d.append(int(np.argmax(lg_c)))
         a = 0
