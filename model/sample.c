@@ -75,17 +75,22 @@ int lks_argmax(const float *x, int n) {
   return best;
 }
 
-// w[i] = exp((l[i] - mx) * inv_t) for i < n; returns their sum in double, in a fixed order (eight
-// interleaved partial sums, then a fixed tree), so it does not depend on the compiler.
-LKS_VECTORIZE_NO_CONTRACT LKS_WIDE_CLONES static double
-weights(const float *l, int n, float mx, float inv_t, float *w) {
-  for (int i = 0; i < n; i++) w[i] = lks_exp_f32((l[i] - mx) * inv_t);
+// The sum of w[0, n) in double in a fixed order (eight interleaved partial sums, then a fixed
+// tree), so that it does not depend on the compiler; inlined into the vectorised passes below.
+static inline __attribute__((always_inline)) double sum8(const float *w, int n) {
   double s[8] = {0};
   int i = 0;
   for (; i + 8 <= n; i += 8)
     for (int j = 0; j < 8; j++) s[j] += w[i + j];
   for (; i < n; i++) s[0] += w[i];
   return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
+// w[i] = exp((l[i] - mx) * inv_t) for i < n; returns their sum (sum8).
+LKS_VECTORIZE_NO_CONTRACT LKS_WIDE_CLONES static double
+weights(const float *l, int n, float mx, float inv_t, float *w) {
+  for (int i = 0; i < n; i++) w[i] = lks_exp_f32((l[i] - mx) * inv_t);
+  return sum8(w, n);
 }
 
 // sum of exp(l[i] - mx) over i < n, in the order weights() sums (eight partial sums in double,
@@ -292,17 +297,11 @@ static int refine_edge(cand *edge, int *ne, float mx, float inv_t, const float *
 }
 
 // w[i] = 0 for the tokens outside the nucleus: those of bins after the cut, and of the cut bin
-// those not taken (bins[i] == BINS marks a taken one). Returns the kept weights' sum, in
-// weights()'s order.
+// those not taken (bins[i] == BINS marks a taken one). Returns the kept weights' sum (sum8).
 LKS_VECTORIZE_NO_CONTRACT LKS_WIDE_CLONES static double
 keep_bins(float *w, const uint16_t *bins, int V, int cut) {
   for (int i = 0; i < V; i++) w[i] *= (float)((bins[i] < cut) | (bins[i] == BINS));
-  double s[8] = {0};
-  int i = 0;
-  for (; i + 8 <= V; i += 8)
-    for (int j = 0; j < 8; j++) s[j] += w[i + j];
-  for (; i < V; i++) s[0] += w[i];
-  return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+  return sum8(w, V);
 }
 
 // Top-p over the whole vocabulary without sorting it, for flat logits (most of the vocabulary
