@@ -426,8 +426,8 @@ START_TEST(test_nucleus_tight_threshold) {
   l[peak] = (float)log(eL);
   l[second] = (float)d;
   // The float logits kept the setup (rounding moves e^L by under 5e-7 of it: about 0.7 here).
-  double S = exp((double)l[peak]) + exp((double)l[second]) + (V - 2);
-  ck_assert(exp((double)l[peak]) < top_p * S && exp((double)l[peak]) + exp(d) >= top_p * S);
+  double e1 = exp((double)l[peak]), e2 = exp((double)l[second]), S = e1 + e2 + (V - 2);
+  ck_assert(e1 < top_p * S && e1 + e2 >= top_p * S);
   lks_sampling s = {1.0f, 0, (float)top_p};
   full_sort_probs(l, V, &s, ref);
   ck_assert(ref[peak] > 0 && ref[second] > 0 && ref[0] == 0);
