@@ -267,17 +267,13 @@ static size_t aux_floats(const cpu_backend *c, int64_t K) {
 // flag would send a chunk of zero or subnormal codes down the kernels' common path, a few
 // weights each off by about 2^-7 of the block's scale: too little for a model's logits to show.
 static void check_exp0(lks_tensor w, int64_t r0, int64_t r1) {
-  const bool nv = w.qs == LKS_Q_NVFP4;
   const int64_t nc = lks_e4m3_chunks(w.cols);
   const uint8_t *fl = (const uint8_t *)w.sbuf->data + w.foff;
   uint8_t want[512];
   for (int64_t r = r0; r < r1 && nc <= (int64_t)sizeof want; r++) {
-    if (nv)
-      lks_e4m3_exp0_chunks((const uint8_t *)w.sbuf->data + w.soff + r * w.sld, w.sld, 1,
-                           w.cols / LKS_Q_NVFP4_GROUP, LKS_E4M3_CHUNK / LKS_Q_NVFP4_GROUP, want);
-    else
-      lks_e4m3_exp0_chunks((const uint8_t *)ptr(w) + r * w.ld, w.ld, 1, w.cols, LKS_E4M3_CHUNK,
-                           want);
+    lks_qweight_exp0_chunks(w.qs == LKS_Q_NVFP4, (const uint8_t *)ptr(w) + r * w.ld, w.ld,
+                            (const uint8_t *)w.sbuf->data + w.soff + r * w.sld, w.sld, 1, w.cols,
+                            want);
     if (memcmp(want, fl + r * nc, (size_t)nc) != 0) {
       LKS_LOG(LKS_LOG_ERROR, "LKS_CHECK_EXP0: a %lld x %lld weight's row %lld has wrong flags",
               (long long)w.rows, (long long)w.cols, (long long)r);

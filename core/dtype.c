@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdbool.h>
 
+#include "core/backend.h"
 #include "core/fastmath.h"
 
 static const struct {
@@ -86,6 +87,15 @@ void lks_e4m3_exp0_chunks(const uint8_t *b, int64_t ld, int64_t rows, int64_t n,
   for (int64_t r = 0; r < rows; r++)
     for (int64_t c = 0; c < nc; c++)
       flags[r * nc + c] = exp0_any(b + r * ld + c * per, n - c * per < per ? n - c * per : per);
+}
+
+void lks_qweight_exp0_chunks(bool nvfp4, const uint8_t *codes, int64_t ld, const uint8_t *scales,
+                             int64_t sld, int64_t rows, int64_t cols, uint8_t *flags) {
+  if (nvfp4)
+    lks_e4m3_exp0_chunks(scales, sld, rows, cols / LKS_Q_NVFP4_GROUP,
+                         LKS_E4M3_CHUNK / LKS_Q_NVFP4_GROUP, flags);
+  else
+    lks_e4m3_exp0_chunks(codes, ld, rows, cols, LKS_E4M3_CHUNK, flags);
 }
 
 float lks_e2m1_to_f32(uint8_t code) {

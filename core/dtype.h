@@ -5,6 +5,7 @@
 #define LKS_DTYPE_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -57,5 +58,9 @@ static inline int64_t lks_e4m3_chunks(int64_t cols) {
 }
 void lks_e4m3_exp0_chunks(const uint8_t *b, int64_t ld, int64_t rows, int64_t n, int64_t per,
                           uint8_t *flags);
+// Those flags for `rows` rows of a quantized weight of `cols` columns: of its FP8 codes (ld bytes
+// apart), or with nvfp4 of its E4M3 group scales (sld bytes apart; 16 columns a scale).
+void lks_qweight_exp0_chunks(bool nvfp4, const uint8_t *codes, int64_t ld, const uint8_t *scales,
+                             int64_t sld, int64_t rows, int64_t cols, uint8_t *flags);
 
 #endif

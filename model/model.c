@@ -237,11 +237,7 @@ static lks_tensor wrap_q(lks_model *m, bool mtp, const lks_qtensor *q, int64_t r
     if (all) {
       sc = all;
       uint8_t *fl = (uint8_t *)sc + foff;
-      if (fbytes && fp4)
-        lks_e4m3_exp0_chunks(sc, sld, nr, nc / LKS_Q_NVFP4_GROUP,
-                             LKS_E4M3_CHUNK / LKS_Q_NVFP4_GROUP, fl);
-      else if (fbytes)
-        lks_e4m3_exp0_chunks(first, (int64_t)stride, nr, nc, LKS_E4M3_CHUNK, fl);
+      if (fbytes) lks_qweight_exp0_chunks(fp4, first, (int64_t)stride, sc, sld, nr, nc, fl);
       if (fbytes) sbytes = foff + fbytes;
       sb = m->be->ops->buf_alloc(m->be, sbytes);
     }

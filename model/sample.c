@@ -233,6 +233,19 @@ LKS_VECTORIZE LKS_WIDE_CLONES static void bin_all(const float *l, int V, float m
   }
 }
 
+// The best-first tokens c[0, n) taken while the mass *acc (each adds w[id] / sum) is below
+// top_p: returns how many.
+static int take_prefix(const cand *c, int n, const float *w, double sum, double top_p,
+                       double *acc) {
+  int take = 0;
+  while (take < n) {
+    *acc += w[c[take].i] / sum;
+    take++;
+    if (*acc >= top_p) break;
+  }
+  return take;
+}
+
 enum { SUB_BINS = 1024, SORT_AT_MOST = 256, REFINE_LEVELS = 3 };
 
 // The sub-bin of c among SUB_BINS of the key range [lo, lo + SUB_BINS / scale).
@@ -341,11 +354,7 @@ static double nucleus_by_bins(const float *l, int V, float mx, float inv_t, floa
   }
   int take = cut < BINS - 1 ? refine_edge(edge, &ne, mx, inv_t, w, sum, top_p, cut, &acc) : 0;
   qsort(edge + take, (size_t)ne, sizeof *edge, by_rank);
-  for (int j = 0; j < ne; j++) {
-    acc += w[edge[take].i] / sum;
-    take++;
-    if (acc >= top_p) break;
-  }
+  take += take_prefix(edge + take, ne, w, sum, top_p, &acc);
   if (take == 0 && cut == 0) take = 1;  // at least one token (the best is in bin 0)
   for (int j = 0; j < take; j++) bins[edge[j].i] = BINS;
   return keep_bins(w, bins, V, cut);
@@ -414,12 +423,7 @@ static int nucleus_by_threshold(const float *l, int V, const float *w, double su
   }
   qsort(c, (size_t)k, sizeof *c, by_rank);
   double acc = 0;
-  int take = 0;
-  while (take < k) {
-    acc += w[c[take].i] / sum;
-    take++;
-    if (acc >= top_p) break;
-  }
+  int take = take_prefix(c, k, w, sum, top_p, &acc);
   for (int j = 0; j < take; j++) c[j].l = w[c[j].i];
   qsort(c, (size_t)take, sizeof *c, by_id);
   return take;
