@@ -15,6 +15,8 @@
 #include "cli/cli.h"
 #include "core/clock.h"
 #include "core/cpu_kernels.h"
+#include "core/cpu_quant.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/threadpool.h"
@@ -151,6 +153,82 @@ static double measure_matrix_rate(int threads) {
   free(x);
   free(out);
   free(scratch);
+  return rate;
+}
+
+// The quantized decode product's rate with every thread on weights that stay in its core's cache
+// (each thread QR_ROWS rows of QR_K, its own, against one activation row, as decode calls it:
+// lks__quant_matmul_rows with the loader's exponent-0 flags, none set), in weights/s. Where a
+// core converts codes slower than memory delivers them (NVFP4 and FP8 on a core with two vector
+// ports), this rate, not bandwidth, bounds the decode step's quantized products.
+enum { QR_ROWS = 256, QR_K = 1024, QR_ROUNDS = 15 };
+
+typedef struct {
+  const lks__quant_kernels *k;
+  const lks__qweight *w;  // [threads]
+  const float *x;         // [QR_K]
+  float *out;             // [threads, QR_ROWS]
+  int threads;
+} qr_job;
+
+static void qr_task(void *ctx, int task, int thread) {
+  qr_job *j = ctx;
+  int b = task % j->threads;
+  lks__quant_matmul_rows(j->k, &j->w[b], 0, QR_ROWS, j->x, QR_K, 1, NULL,
+                         j->out + (size_t)thread * QR_ROWS, QR_ROWS, false);
+}
+
+// fmt: LKS_WFMT_FP8_CHANNEL, LKS_WFMT_FP8_BLOCK or LKS_WFMT_NVFP4; 0 where it cannot measure.
+static double measure_quant_rate(int threads, int fmt) {
+  const bool nv = fmt == LKS_WFMT_NVFP4;
+  const int64_t ld = nv ? QR_K / 2 : QR_K, nc = lks_e4m3_chunks(QR_K);
+  const int64_t sld = nv ? QR_K / LKS_Q_NVFP4_GROUP
+                         : (QR_K + LKS_Q_FP8_BLOCK_SIZE - 1) / LKS_Q_FP8_BLOCK_SIZE;
+  const size_t scale_bytes = nv ? (size_t)QR_ROWS * sld : (size_t)QR_ROWS * sld * sizeof(float);
+  uint8_t *codes = malloc((size_t)threads * QR_ROWS * ld);
+  uint8_t *scales = malloc((size_t)threads * scale_bytes);
+  uint8_t *flags = calloc((size_t)threads * QR_ROWS * nc, 1);
+  lks__qweight *w = calloc((size_t)threads, sizeof *w);
+  float *x = malloc(QR_K * sizeof *x), *out = malloc((size_t)threads * QR_ROWS * sizeof *out);
+  lks_pool *pool = lks_pool_new(threads);
+  double rate = 0;
+  if (codes && scales && flags && w && x && out && pool) {
+    // FP8 codes of exponent 1-14 (no zero, subnormal or NaN: the flags say none), any NVFP4
+    // code; scales 1.0 (E4M3 0x38 for NVFP4's groups).
+    for (size_t i = 0; i < (size_t)threads * QR_ROWS * ld; i++)
+      codes[i] = nv ? (uint8_t)(i * 37) : (uint8_t)((((i * 37) & 0x67) | 0x08));
+    for (size_t i = 0; i < (size_t)threads * scale_bytes; i += nv ? 1 : sizeof(float)) {
+      if (nv) scales[i] = 0x38;
+      else memcpy(scales + i, &(float){1.0f}, sizeof(float));
+    }
+    for (int i = 0; i < QR_K; i++) x[i] = (float)(i & 15) / 16.0f;
+    for (int t = 0; t < threads; t++)
+      w[t] = (lks__qweight){.qs = nv ? LKS_Q_NVFP4
+                                     : fmt == LKS_WFMT_FP8_BLOCK ? LKS_Q_FP8_BLOCK : LKS_Q_FP8_ROW,
+                            .codes = codes + (size_t)t * QR_ROWS * ld,
+                            .ld = ld,
+                            .scales = scales + (size_t)t * scale_bytes,
+                            .sld = fmt == LKS_WFMT_FP8_CHANNEL ? 1 : sld,
+                            .exp0 = flags + (size_t)t * QR_ROWS * nc,
+                            .global = 1.0f,
+                            .rows = QR_ROWS,
+                            .cols = QR_K};
+    qr_job j = {lks__quant_kernels_best(), w, x, out, threads};
+    double t[QR_ROUNDS];
+    for (int r = 0; r < QR_ROUNDS; r++) {
+      double t0 = lks_now();
+      lks_pool_run(pool, threads * 4, qr_task, &j);
+      t[r] = lks_now() - t0;
+    }
+    rate = (double)QR_ROWS * QR_K * threads * 4 / lks_median(t, QR_ROUNDS);
+  }
+  lks_pool_free(pool);
+  free(codes);
+  free(scales);
+  free(flags);
+  free(w);
+  free(x);
+  free(out);
   return rate;
 }
 
@@ -547,6 +625,11 @@ int lks_cmd_bench(lks_settings *s) {
   bool rank0 = !(getenv("OMPI_COMM_WORLD_RANK") && atoi(getenv("OMPI_COMM_WORLD_RANK")) != 0);
   double bw = rank0 ? measure_bandwidth(threads) : 0;
   double mrate = rank0 ? measure_matrix_rate(threads) : 0;
+  // The quantized formats' decode products on the CPU (their rows a model has, after loading).
+  double qrate[LKS_N_WFMT] = {0};
+  const int qfmts[] = {LKS_WFMT_FP8_CHANNEL, LKS_WFMT_FP8_BLOCK, LKS_WFMT_NVFP4};
+  for (int i = 0; i < 3 && rank0 && strcmp(lks_settings_str(s, "backend"), "cpu") == 0; i++)
+    qrate[qfmts[i]] = measure_quant_rate(threads, qfmts[i]);
   lks_world *w = lks_world_start(s, lks_cli_model_dir(s), slots);
   if (!w) {
     fprintf(stderr, "lockstep bench: %s\n", lks_last_error());
@@ -664,6 +747,24 @@ int lks_cmd_bench(lks_settings *s) {
          w->world == 1 ? ", the faster of before and after the decode runs" : "", bw / 1e9);
   printf("achieved: %.2f GB/s = %.2f of measured bandwidth (per rank)\n", bytes_tok * dec_tps / 1e9,
          bw > 0 ? bytes_tok * dec_tps / bw : 0.0);
+  // A decode step's quantized products take at least their weights over the product's rate, and
+  // the step at least its bytes over the bandwidth: the larger of the two is its limit.
+  double t_mem = bw > 0 ? bytes_tok / bw : 0, t_conv = 0;
+  for (int i = 0; i < 3; i++) {
+    int f = qfmts[i];
+    if (!st.bytes_per_token_fmt[f] || qrate[f] <= 0) continue;
+    double wq = (double)st.params_per_token_fmt[f];
+    t_conv += wq / qrate[f];
+    printf("%s decode product (measured, %d threads, weights in cache): %.1f G weights/s; the "
+           "%.3f M %s weights a decode step reads take %.3f ms at that rate, %.3f ms at the "
+           "measured bandwidth\n",
+           lks_wfmt_names[f], threads, qrate[f] / 1e9, wq / 1e6, lks_wfmt_names[f],
+           1e3 * wq / qrate[f], bw > 0 ? 1e3 * (double)st.bytes_per_token_fmt[f] / bw : 0.0);
+  }
+  double t_lim = t_conv > t_mem ? t_conv : t_mem;
+  if (t_conv > 0)
+    printf("decode limit: %.1f tokens/s, bound by %s; achieved %.2f of it\n", 1 / t_lim,
+           t_conv > t_mem ? "the quantized products' rate" : "bandwidth", dec_tps * t_lim);
   // Matrix FLOPs a prompt token costs this rank: 2 per active weight, less the embedding (a
   // lookup) and the lm_head (the last position only), split over the ranks; attention not counted.
   double mm_params =
@@ -722,9 +823,11 @@ int lks_cmd_bench(lks_settings *s) {
              bpick[bi][0] * 1e3, bpick[bi][1] * 1e3);
     }
   }
-  printf("summary: decode %.2f tok/s = %.2f of bandwidth; prefill %d: %.1f tok/s = %.2f of the BF16 "
-         "matrix rate",
-         dec_tps, bw > 0 ? bytes_tok * dec_tps / bw : 0.0, n_pre, n_pre / pre,
+  printf("summary: decode %.2f tok/s = %.2f of bandwidth", dec_tps,
+         bw > 0 ? bytes_tok * dec_tps / bw : 0.0);
+  if (t_conv > 0)
+    printf(", %.2f of the limit (%s-bound)", dec_tps * t_lim, t_conv > t_mem ? "compute" : "memory");
+  printf("; prefill %d: %.1f tok/s = %.2f of the BF16 matrix rate", n_pre, n_pre / pre,
          mrate > 0 ? flop_tok * n_pre / pre / mrate : 0.0);
   for (int li = 0; li < n_lens; li++)
     printf("; prefill %d: %.1f tok/s = %.2f", lens[li], pre_rate[li],

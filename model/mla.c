@@ -233,7 +233,8 @@ int lks__mla_forward(lks__mla *a, int l, lks_tensor x, lks_tensor h, const lks_k
 
 static int64_t tn(lks_tensor t) { return t.buf ? t.rows * t.cols : 0; }
 
-void lks__mla_cost(const lks__mla_layer *L, int64_t *bytes, int64_t *params, int64_t *by_fmt) {
+void lks__mla_cost(const lks__mla_layer *L, int64_t *bytes, int64_t *params, int64_t *by_fmt,
+                   int64_t *params_by_fmt) {
   if (!L) return;
   lks_tensor all[] = {L->q_a, L->q_a_norm, L->q_b, L->kv_a, L->kv_a_norm, L->kv_b,
                       L->o,   L->iq,       L->ik,  L->ik_w, L->ik_b,      L->iw};
@@ -241,6 +242,7 @@ void lks__mla_cost(const lks__mla_layer *L, int64_t *bytes, int64_t *params, int
     *bytes += lks_weight_bytes(all[i]);  // codes and scales of a quantized weight
     *params += tn(all[i]);
     if (by_fmt && all[i].buf) by_fmt[lks_tensor_wfmt(all[i])] += lks_weight_bytes(all[i]);
+    if (params_by_fmt && all[i].buf) params_by_fmt[lks_tensor_wfmt(all[i])] += tn(all[i]);
   }
 }
 

@@ -51,7 +51,8 @@ int lks__mla_forward(lks__mla *a, int l, lks_tensor x, lks_tensor h, const lks_k
                      int kl, const lks_attn_rows *rows, int n);
 // Weight bytes (codes and scales when quantized) and parameters of a layer's attention (all of it
 // read per token), adding to by_fmt[lks_tensor_wfmt] the bytes of each format when not NULL.
-void lks__mla_cost(const lks__mla_layer *L, int64_t *bytes, int64_t *params, int64_t *by_fmt);
+void lks__mla_cost(const lks__mla_layer *L, int64_t *bytes, int64_t *params, int64_t *by_fmt,
+                   int64_t *params_by_fmt);
 // Cache for the target layers or the MTP layer; f32 values per position in *per_pos.
 lks_kv_cache *lks__mla_kv_new(lks_backend *be, const lks_config *c, bool mtp, int block_size,
                               int n_blocks, int max_seqs, int max_seq_len);

@@ -1087,7 +1087,7 @@ static int64_t tbytes(lks_tensor t) { return lks_weight_bytes(t); }
 static int64_t tnum(lks_tensor t) { return t.buf ? t.rows * t.cols : 0; }
 
 static void layer_cost(const lks_model *m, const layer_w *L, int64_t *bytes, int64_t *params,
-                       int64_t *by_fmt) {
+                       int64_t *by_fmt, int64_t *params_by_fmt) {
   lks_tensor fixed[] = {L->ln1, L->ln2, L->wq, L->wk, L->wv, L->bq, L->bk, L->bv, L->wo,
                         L->q_norm, L->k_norm, L->dense.gate, L->dense.up, L->dense.down,
                         L->router, L->e_bias, L->shared.gate, L->shared.up, L->shared.down,
@@ -1096,8 +1096,9 @@ static void layer_cost(const lks_model *m, const layer_w *L, int64_t *bytes, int
     *bytes += tbytes(fixed[i]);
     *params += tnum(fixed[i]);
     if (by_fmt && fixed[i].buf) by_fmt[lks_tensor_wfmt(fixed[i])] += tbytes(fixed[i]);
+    if (params_by_fmt && fixed[i].buf) params_by_fmt[lks_tensor_wfmt(fixed[i])] += tnum(fixed[i]);
   }
-  lks__mla_cost(L->mla, bytes, params, by_fmt);
+  lks__mla_cost(L->mla, bytes, params, by_fmt, params_by_fmt);
   if (L->moe && L->experts) {
     // top_k experts per token, of which this rank holds n_experts / E on average (all experts
     // have the same shape).
@@ -1108,6 +1109,9 @@ static void layer_cost(const lks_model *m, const layer_w *L, int64_t *bytes, int
     lks_tensor ft[] = {f->gate, f->up, f->down};
     for (int i = 0; by_fmt && i < 3; i++)
       by_fmt[lks_tensor_wfmt(ft[i])] += tbytes(ft[i]) * m->cfg.top_k * m->sh.n_experts / m->cfg.n_experts;
+    for (int i = 0; params_by_fmt && i < 3; i++)
+      params_by_fmt[lks_tensor_wfmt(ft[i])] +=
+          tnum(ft[i]) * m->cfg.top_k * m->sh.n_experts / m->cfg.n_experts;
     *params += ep * m->cfg.top_k * m->sh.n_experts / m->cfg.n_experts;
   }
 }
@@ -1119,12 +1123,18 @@ void lks_model_stats_get(const lks_model *m, lks_model_stats *s) {
   s->params_mtp = m->params_mtp;
   s->weight_bytes = m->weight_bytes;
   int64_t b = 0, p = 0;
-  for (int l = 0; l < c->n_layers; l++) layer_cost(m, &m->layers[l], &b, &p, s->bytes_per_token_fmt);
+  for (int l = 0; l < c->n_layers; l++)
+    layer_cost(m, &m->layers[l], &b, &p, s->bytes_per_token_fmt, s->params_per_token_fmt);
   lks_tensor top[] = {m->norm, m->lm_head};
   for (int i = 0; i < 2; i++)
-    if (top[i].buf) s->bytes_per_token_fmt[lks_tensor_wfmt(top[i])] += tbytes(top[i]);
-  if (m->embed.buf)
+    if (top[i].buf) {
+      s->bytes_per_token_fmt[lks_tensor_wfmt(top[i])] += tbytes(top[i]);
+      s->params_per_token_fmt[lks_tensor_wfmt(top[i])] += tnum(top[i]);
+    }
+  if (m->embed.buf) {  // one row
     s->bytes_per_token_fmt[lks_tensor_wfmt(m->embed)] += m->embed.cols * (int64_t)lks_dtype_size(m->embed.dtype);
+    s->params_per_token_fmt[lks_tensor_wfmt(m->embed)] += m->embed.cols;
+  }
   memcpy(s->group_fmts, m->group_fmts, sizeof s->group_fmts);
   snprintf(s->quant, sizeof s->quant, "%s", m->quant.scheme ? m->quant.what : "none");
   // One embedding row is read per token; the whole table counts as active parameters.
@@ -1133,7 +1143,7 @@ void lks_model_stats_get(const lks_model *m, lks_model_stats *s) {
   s->params_active = p + tnum(m->norm) + tnum(m->lm_head) + tnum(m->embed);
   if (c->n_mtp) {
     int64_t mb = 0, mp = 0;
-    layer_cost(m, &m->layers[c->n_layers], &mb, &mp, NULL);
+    layer_cost(m, &m->layers[c->n_layers], &mb, &mp, NULL, NULL);
     s->bytes_mtp_step = mb + tbytes(m->lm_head) + m->embed.cols * (int64_t)lks_dtype_size(m->embed.dtype);
   }
   s->kv_bytes_per_pos =

@@ -156,6 +156,7 @@ typedef struct lks_model_stats {
   int64_t kv_bytes_per_pos;   // KV cache bytes per position over all target layers (its dtype)
   int64_t weight_bytes;       // bytes of all weights
   int64_t bytes_per_token_fmt[LKS_N_WFMT];  // bytes_per_token by weight format
+  int64_t params_per_token_fmt[LKS_N_WFMT];  // the weights those bytes hold (one embedding row)
   unsigned group_fmts[LKS_N_WG];            // per group of weights: bit f set if format f is used
   char quant[64];                           // the checkpoint's declared quantization, or "none"
 } lks_model_stats;
