@@ -826,7 +826,8 @@ int lks_cmd_bench(lks_settings *s) {
   printf("summary: decode %.2f tok/s = %.2f of bandwidth", dec_tps,
          bw > 0 ? bytes_tok * dec_tps / bw : 0.0);
   if (t_conv > 0)
-    printf(", %.2f of the limit (%s-bound)", dec_tps * t_lim, t_conv > t_mem ? "compute" : "memory");
+    printf(", %.2f of the limit (%s-bound)", dec_tps * t_lim,
+           t_conv > t_mem ? "compute" : "memory");
   printf("; prefill %d: %.1f tok/s = %.2f of the BF16 matrix rate", n_pre, n_pre / pre,
          mrate > 0 ? flop_tok * n_pre / pre / mrate : 0.0);
   for (int li = 0; li < n_lens; li++)
