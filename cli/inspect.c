@@ -40,6 +40,7 @@ int lks_cmd_inspect(lks_settings *s, const char *dir) {
     fprintf(stderr, "lockstep inspect: %s\n", lks_last_error());
     return 1;
   }
+  lks_backend_cpu_host_weights(be, LKS_HOST_IN_PLACE);  // nothing read but what it checks
   problems p = {0};
   printf("model: %s\n", dir);
   lks_config c;

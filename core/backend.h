@@ -250,12 +250,16 @@ lks_backend *lks_backend_new(const char *name, int threads);
 lks_backend *lks_backend_new_on(const char *name, int threads, int device);
 void lks_backend_free(lks_backend *be);
 
-// Whether the CPU backend's buf_wrap_host and buf_wrap_host_2d read the host memory in place
-// (false, the default: the weights straight from the mapped checkpoint files) or copy it into
-// memory of the process's own (true: the weights packed and read from there, as a device
-// backend reads its upload; the setting --mmap false). Set before loading a model; no effect on
-// device backends, which always copy.
-void lks_backend_cpu_copy_host(lks_backend *be, bool copy);
+// How the CPU backend's buf_wrap_host and buf_wrap_host_2d take host memory (the weights, from
+// the mapped checkpoint files). Set before loading a model; no effect on device backends, which
+// always copy.
+//   LKS_HOST_IN_PLACE: read in place, column slices with the file's row stride (`inspect`, which
+//     computes nothing and must not read the files);
+//   LKS_HOST_PACK_SLICES (the default): whole rows read in place, column slices (a rank's
+//     columns of a row-major weight) copied packed;
+//   LKS_HOST_COPY: everything copied into memory of the process's own and packed (--mmap false).
+typedef enum { LKS_HOST_PACK_SLICES, LKS_HOST_IN_PLACE, LKS_HOST_COPY } lks_host_weights;
+void lks_backend_cpu_host_weights(lks_backend *be, lks_host_weights how);
 
 // Runs step(ctx) between the backend's step_begin(key) and step_end, again without them when
 // step_end asks for it; just step(ctx) when the backend has no such ops or key is 0.

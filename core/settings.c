@@ -33,10 +33,11 @@ static const lks_setting_def defs[] = {
     {"kv-dtype", 0, LKS_SET_STR, 0, 0, "f32", false,
      "KV cache elements: f32, or bf16 (half the memory and the bytes attention reads; each value "
      "rounded to nearest; cpu backend)"},
-    {"experts-split", 0, LKS_SET_STR, 0, 0, "blocks", false,
-     "routed experts across ranks: blocks (each rank a block of whole experts) or rows (each rank "
+    {"experts-split", 0, LKS_SET_STR, 0, 0, "auto", false,
+     "routed experts across ranks: blocks (each rank a block of whole experts), rows (each rank "
      "its rows of every expert: the same share of every token's experts, in more and smaller "
-     "products)"},
+     "products), or auto (rows where the backend and the experts' quantization allow, else "
+     "blocks)"},
     {"mmap", 0, LKS_SET_BOOL, 0, 0, "true", false,
      "read the weights in place from the mapped checkpoint files (false: copy them into the "
      "process's memory at load, which needs that much free memory and reads steadier where "

@@ -41,16 +41,20 @@ typedef void (*lks_problem_fn)(void *ctx, const char *problem);
 lks_model *lks_model_load(const char *dir, lks_backend *be, lks_problem_fn problem, void *ctx);
 
 // How the routed experts are shared out between ranks (--experts-split):
-//   LKS_EXPERTS_BLOCKS (the default): each rank holds a contiguous block of whole experts, and a
-//     token's top-k fall unevenly on the ranks (8 of 32 on two ranks: 1.9 experts apart on
-//     average), so the lighter rank waits at the layer's all-reduce;
+//   LKS_EXPERTS_BLOCKS: each rank holds a contiguous block of whole experts, and a token's top-k
+//     fall unevenly on the ranks (8 of 32 on two ranks: 1.9 experts apart on average), so the
+//     lighter rank waits at the layer's all-reduce;
 //   LKS_EXPERTS_ROWS: every rank holds its rows of every expert's intermediate dimension (gate
 //     and up by rows, down by columns, as the dense FFN): each rank does 1/world of every
 //     token's experts, in twice the products of half the size (at world 2). Refused naming the
-//     tensor where the rows do not fall on the experts' FP8 blocks or NVFP4 groups.
-typedef enum { LKS_EXPERTS_BLOCKS, LKS_EXPERTS_ROWS } lks_experts_split;
+//     tensor where the rows do not fall on the experts' FP8 blocks or NVFP4 groups, and on a
+//     backend that routes on its device (cuda);
+//   LKS_EXPERTS_AUTO (the default): rows where they can be had (a backend without device
+//     routing, moe_intermediate_size divisible by the world, and the share of it a multiple of
+//     128 for FP8 blocks or of 16 for NVFP4), else blocks.
+typedef enum { LKS_EXPERTS_BLOCKS, LKS_EXPERTS_ROWS, LKS_EXPERTS_AUTO } lks_experts_split;
 
-// "blocks" or "rows"; LKS_ECONFIG naming the flag otherwise.
+// "blocks", "rows" or "auto"; LKS_ECONFIG naming the flag otherwise.
 int lks_model_experts_split_parse(const char *name, lks_experts_split *s);
 
 // Loads this rank's shard (DESIGN.md section 5) for comm->rank of comm->world: its attention

@@ -253,7 +253,8 @@ lks_world *lks_world_start(const lks_settings *s, const char *dir, int max_slots
   const lks_config *cfg;
   w->be = lks_backend_new_on(backend, (int)lks_settings_int(s, "threads"), gpu);
   if (!w->be) goto fail;
-  lks_backend_cpu_copy_host(w->be, !lks_settings_bool(s, "mmap"));
+  lks_backend_cpu_host_weights(w->be, lks_settings_bool(s, "mmap") ? LKS_HOST_PACK_SLICES
+                                                                 : LKS_HOST_COPY);
   double t0 = lks_clock();
   w->model = lks_model_load_shard(dir, w->be, w->comm, split, NULL, NULL);
   if (!w->model || lks_model_set_kv_dtype(w->model, kv_dtype) < 0) goto fail;

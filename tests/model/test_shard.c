@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 // Tensor- and expert-parallel shards against the whole model, under mpirun.
 //
-// usage: mpirun -np N test_shard MODEL_DIR [blocks|rows]
-//   the routed experts' split (lks_experts_split, blocks by default);
+// usage: mpirun -np N test_shard MODEL_DIR [blocks|rows|auto EXPECTED]
+//   the routed experts' split (lks_experts_split, blocks by default); auto takes the split it
+//   must resolve to at world > 1 (blocks or rows) and fails on the other;
 //   LKS_TEST_BACKEND=cuda, LKS_TEST_COMM=nccl: on GPUs
 //
 // Every rank loads its shard (world N, MPI collectives) and, in the same process, the whole model
@@ -76,7 +77,7 @@ typedef struct {
 // What the phases share: both sides, the inputs every rank uses, and each side's results.
 typedef struct {
   int world;
-  lks_experts_split split;  // as asked on the command line
+  lks_experts_split split;  // as asked on the command line (auto: as it must resolve)
   lks_backend *be;
   lks_comm *comm;
   side s[2];  // 0: this rank's shard, 1: the whole model
@@ -91,10 +92,13 @@ typedef struct {
 // MPI, the backend, the collectives, and both sides loaded with a cache each (and an MTP cache
 // when the model has an MTP layer). Exits on failure.
 static void start(shard_run *r, int *argc, char ***argv) {
-  lks_experts_split split = LKS_EXPERTS_BLOCKS;
-  if (lks_mpi_init(argc, argv, &rank, &r->world) < 0 || *argc < 2 || *argc > 3 ||
-      (*argc == 3 && lks_model_experts_split_parse((*argv)[2], &split) < 0)) {
-    fprintf(stderr, "usage: mpirun -np N %s MODEL_DIR [blocks|rows]\n", (*argv)[0]);
+  lks_experts_split split = LKS_EXPERTS_BLOCKS, expected = LKS_EXPERTS_BLOCKS;
+  if (lks_mpi_init(argc, argv, &rank, &r->world) < 0 || *argc < 2 || *argc > 4 ||
+      (*argc >= 3 && lks_model_experts_split_parse((*argv)[2], &split) < 0) ||
+      (*argc == 4) != (split == LKS_EXPERTS_AUTO) ||
+      (*argc == 4 && (lks_model_experts_split_parse((*argv)[3], &expected) < 0 ||
+                      expected == LKS_EXPERTS_AUTO))) {
+    fprintf(stderr, "usage: mpirun -np N %s MODEL_DIR [blocks|rows|auto EXPECTED]\n", (*argv)[0]);
     exit(2);
   }
   const char *dir = (*argv)[1];
@@ -112,7 +116,7 @@ static void start(shard_run *r, int *argc, char ***argv) {
     lks_mpi_abort(1);
   }
   side *s = r->s;
-  r->split = split;
+  r->split = split == LKS_EXPERTS_AUTO ? expected : split;
   s[0].m = lks_model_load_shard(dir, r->be, r->comm, split, NULL, NULL);
   s[1].m = lks_model_load(dir, r->be, NULL, NULL);
   if (!s[0].m || !s[1].m) {

@@ -124,9 +124,24 @@ START_TEST(test_buffers_and_views) {
   ck_assert_float_eq(host[0], 5);
   be->ops->buf_free(be, w);
   be->ops->buf_free(be, NULL);
-  // With copy_host (--mmap false) a wrapped buffer is a copy: later writes to the host memory do
+  // A column slice is packed by default (LKS_HOST_PACK_SLICES): columns 1-2 of a 2 x 3 matrix,
+  // whose rows' other column another rank reads; in place with LKS_HOST_IN_PLACE.
+  size_t ld0 = 0;
+  w = be->ops->buf_wrap_host_2d(be, host + 1, 2, 2 * sizeof(float), 3 * sizeof(float), &ld0);
+  ck_assert_ptr_nonnull(w);
+  ck_assert_uint_eq(ld0, 2 * sizeof(float));
+  ck_assert_int_eq(be->ops->to_host(be, out, w, 0, 16), 0);
+  ck_assert(out[0] == 60 && out[1] == 7 && out[2] == 9 && out[3] == 10);
+  be->ops->buf_free(be, w);
+  lks_backend_cpu_host_weights(be, LKS_HOST_IN_PLACE);
+  w = be->ops->buf_wrap_host_2d(be, host + 1, 2, 2 * sizeof(float), 3 * sizeof(float), &ld0);
+  ck_assert_ptr_eq(be->ops->buf_ptr(be, w), host + 1);
+  ck_assert_uint_eq(ld0, 3 * sizeof(float));
+  be->ops->buf_free(be, w);
+  lks_backend_cpu_host_weights(be, LKS_HOST_PACK_SLICES);
+  // With LKS_HOST_COPY (--mmap false) a wrapped buffer is a copy: later writes to the host memory do
   // not show, and a strided slice is packed (its row stride becomes the row's bytes).
-  lks_backend_cpu_copy_host(be, true);
+  lks_backend_cpu_host_weights(be, LKS_HOST_COPY);
   w = be->ops->buf_wrap_host(be, host, sizeof host);
   ck_assert_ptr_nonnull(w);
   ck_assert_ptr_ne(be->ops->buf_ptr(be, w), host);
@@ -142,7 +157,7 @@ START_TEST(test_buffers_and_views) {
   ck_assert_int_eq(be->ops->to_host(be, out, w, 0, 16), 0);
   ck_assert(out[0] == 61 && out[1] == 7 && out[2] == 9 && out[3] == 10);
   be->ops->buf_free(be, w);
-  lks_backend_cpu_copy_host(be, false);
+  lks_backend_cpu_host_weights(be, LKS_HOST_PACK_SLICES);
   // Views: rows, columns and reshapes, read back as f32 from every element type.
   uint64_t rng = 3;
   float *src = tb_randv(&rng, 5 * 7, 1.0f);
