@@ -139,8 +139,8 @@ START_TEST(test_buffers_and_views) {
   ck_assert_uint_eq(ld0, 3 * sizeof(float));
   be->ops->buf_free(be, w);
   lks_backend_cpu_host_weights(be, LKS_HOST_PACK_SLICES);
-  // With LKS_HOST_COPY (--mmap false) a wrapped buffer is a copy: later writes to the host memory do
-  // not show, and a strided slice is packed (its row stride becomes the row's bytes).
+  // With LKS_HOST_COPY (--mmap false) a wrapped buffer is a copy: later writes to the host memory
+  // do not show, and a strided slice is packed (its row stride becomes the row's bytes).
   lks_backend_cpu_host_weights(be, LKS_HOST_COPY);
   w = be->ops->buf_wrap_host(be, host, sizeof host);
   ck_assert_ptr_nonnull(w);
