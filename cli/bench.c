@@ -193,7 +193,7 @@ static double measure_quant_rate(int threads, int fmt) {
   lks_pool *pool = lks_pool_new(threads);
   double rate = 0;
   if (codes && scales && flags && w && x && out && pool) {
-    // FP8 codes of exponent 1-14 (no zero, subnormal or NaN: the flags say none), any NVFP4
+    // FP8 codes of exponent 1-13 (no zero, subnormal or NaN: the flags say none), any NVFP4
     // code; scales 1.0 (E4M3 0x38 for NVFP4's groups).
     for (size_t i = 0; i < (size_t)threads * QR_ROWS * ld; i++)
       codes[i] = nv ? (uint8_t)(i * 37) : (uint8_t)((((i * 37) & 0x67) | 0x08));

@@ -466,7 +466,8 @@ static int plan_experts(lks_model *m, lks_experts_split split) {
     int quantum = m->quant.scheme == LKS_Q_FP8_BLOCK ? LKS_Q_FP8_BLOCK_SIZE
                   : m->quant.scheme == LKS_Q_NVFP4   ? LKS_Q_NVFP4_GROUP
                                                      : 1;
-    bool rows = W > 1 && !m->be->ops->moe && I % W == 0 && (I / W) % quantum == 0;
+    bool rows = W > 1 && !m->be->ops->moe && m->cfg.n_experts > 0 && I > 0 && I % W == 0 &&
+                (I / W) % quantum == 0;
     split = rows ? LKS_EXPERTS_ROWS : LKS_EXPERTS_BLOCKS;
     if (W > 1)
       LKS_LOG(LKS_LOG_INFO, "--experts-split auto: %s", rows ? "rows" : "blocks");
