@@ -90,7 +90,7 @@ def main():
     want = expected_counts(model)
     got = {}
     for fmt, rate, n in re.findall(r"^(\S+) decode product \(measured, \d+ threads, weights in "
-                                   r"cache\): ([0-9.]+) G weights/s; the ([0-9.]+) M",
+                                   r"cache[^)]*\): ([0-9.]+) G weights/s; the ([0-9.]+) M",
                                    out.stdout, re.M):
         if float(rate) <= 0:
             sys.exit(f"{fmt}: rate {rate}")
