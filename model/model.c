@@ -1119,16 +1119,17 @@ static void layer_cost(const lks_model *m, const layer_w *L, int64_t *bytes, int
     // top_k experts per token, of which this rank holds n_experts / E on average (all experts
     // have the same shape).
     const ffn_w *f = &L->experts[m->sh.e0];
-    int64_t eb = tbytes(f->gate) + tbytes(f->up) + tbytes(f->down);
-    int64_t ep = tnum(f->gate) + tnum(f->up) + tnum(f->down);
-    *bytes += eb * m->cfg.top_k * m->sh.n_experts / m->cfg.n_experts;
+    const int64_t k = (int64_t)m->cfg.top_k * m->sh.n_experts, E = m->cfg.n_experts;
     lks_tensor ft[] = {f->gate, f->up, f->down};
-    for (int i = 0; by_fmt && i < 3; i++)
-      by_fmt[lks_tensor_wfmt(ft[i])] += tbytes(ft[i]) * m->cfg.top_k * m->sh.n_experts / m->cfg.n_experts;
-    for (int i = 0; params_by_fmt && i < 3; i++)
-      params_by_fmt[lks_tensor_wfmt(ft[i])] +=
-          tnum(ft[i]) * m->cfg.top_k * m->sh.n_experts / m->cfg.n_experts;
-    *params += ep * m->cfg.top_k * m->sh.n_experts / m->cfg.n_experts;
+    int64_t eb = 0, ep = 0;
+    for (int i = 0; i < 3; i++) {
+      eb += tbytes(ft[i]);
+      ep += tnum(ft[i]);
+      if (by_fmt) by_fmt[lks_tensor_wfmt(ft[i])] += tbytes(ft[i]) * k / E;
+      if (params_by_fmt) params_by_fmt[lks_tensor_wfmt(ft[i])] += tnum(ft[i]) * k / E;
+    }
+    *bytes += eb * k / E;
+    *params += ep * k / E;
   }
 }
 
