@@ -3,7 +3,9 @@
 // and F32 blocked products (mm_*) of M weight rows of K columns with 1 activation row (decode),
 // with 2 (a verify of one draft) and with 8 (a batch), the FP8 (128-blocks) and NVFP4 dots one
 // weight row at a time, and the backend's FP8 and NVFP4 products of the M rows with 1
-// activation row (lks__quant_matmul_rows). Reports the thread's CPU time
+// activation row (lks__quant_matmul_rows), and decode's BF16 stream (mv_bf16, where the level
+// has it: one row at a time, fetching ahead; compare it with fp8 n=1 and nvfp4 n=1 out of cache,
+// e.g. M = 131072). Reports the thread's CPU time
 // per call (median of repeats), which a machine busy with other work disturbs less than wall
 // time, and the speed-up over the portable level. Under qemu-user the figures say which kernels
 // emulate faster, nothing about a real CPU. FP8 codes of exponent 0 come exp0 a million (an
@@ -54,6 +56,7 @@ static double run_case(const lks__cpu_kernels *k, const lks__quant_kernels *q, i
       case 3: k->mm_f32(wf, K, M, x, K, 8, K, out, M, NULL); break;
       case 8: k->mm_bf16(wb, K, M, x, K, 2, K, out, M, scratch); break;
       case 9: k->mm_f32(wf, K, M, x, K, 2, K, out, M, NULL); break;
+      case 12: k->mv_bf16(wb, K, M, x, K, out, NULL, 0); break;  // decode's BF16 stream
       case 6:
       case 7:
       case 10:
@@ -137,8 +140,9 @@ int main(int argc, char **argv) {
   static const char *levels[] = {"scalar", "avx2", "avx512", "amx", "neon", "neon_bf16"};
   static const char *cases[] = {"mm_bf16 n=1", "mm_bf16 n=8", "mm_f32 n=1", "mm_f32 n=8",
                                 "fp8 dot",     "nvfp4 dot",   "fp8 n=1",    "nvfp4 n=1",
-                                "mm_bf16 n=2", "mm_f32 n=2",  "fp8 n=2",    "nvfp4 n=2"};
-  enum { N_CASES = 12 };
+                                "mm_bf16 n=2", "mm_f32 n=2",  "fp8 n=2",    "nvfp4 n=2",
+                                "mv_bf16 n=1"};
+  enum { N_CASES = 13 };
   double base[N_CASES] = {0};
   printf("kernel_bench: %lld x %lld weights, CPU ms per call (median of %d), speed-up over scalar\n",
          (long long)M, (long long)K, rep);
@@ -147,12 +151,14 @@ int main(int argc, char **argv) {
     const lks__quant_kernels *q = lks__quant_kernels_get(levels[l]);
     if (!k) continue;
     for (int c = 0; c < N_CASES; c++) {
-      bool quant = (c >= 4 && c < 8) || c >= 10;
+      bool quant = (c >= 4 && c < 8) || c == 10 || c == 11;
       if (quant && (!q || strcmp(q->name, levels[l]) != 0)) continue;  // the same as another
+      if (c == 12 && !k->mv_bf16) continue;  // the level reads blocks of rows (mm_bf16)
       double t = run_case(k, q, c, rep, wb, wf, w8, w4, bs, gs, x, M, K, out);
       if (l == 0) base[c] = t;
+      double b = c == 12 && base[c] == 0 ? base[0] : base[c];  // the same product as mm_bf16 n=1
       printf("  %-10s %-12s %9.3f ms  x%.2f\n", levels[l], cases[c], t * 1e3,
-             base[c] > 0 && t > 0 ? base[c] / t : 0.0);
+             b > 0 && t > 0 ? b / t : 0.0);
     }
   }
   free(wb), free(wf), free(x), free(bs), free(out), free(w8), free(w4), free(gs);
