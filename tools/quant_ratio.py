@@ -57,7 +57,10 @@ def bench(lockstep, model, threads, a):
     cmd = [lockstep, "bench", "--model", str(model), "--threads", str(threads),
            "--prefill-len", str(a.prefill_len), "--decode-len", str(a.decode_len),
            "--repeats", str(a.repeats), "--log-level", "warn"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"quant_ratio: {' '.join(cmd)} exited {p.returncode}:\n{p.stderr[-2000:]}")
+    out = p.stdout
     dec, ach, lim = DECODE.search(out), ACHIEVED.search(out), LIMIT.search(out)
     if not dec or not ach:
         sys.exit(f"quant_ratio: no decode or bandwidth line in the output of {' '.join(cmd)}:\n"
@@ -89,6 +92,9 @@ def main():
         models = [Path(m) for m in a.models.split(",")]
         if len(models) != len(FORMATS):
             sys.exit("quant_ratio: --models takes three directories: BF16,FP8,NVFP4")
+        for m in models:
+            if not (m / "config.json").exists():
+                sys.exit(f"quant_ratio: {m} has no config.json")
     else:
         models = generate(a.python, Path(a.work))
 
