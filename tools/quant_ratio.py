@@ -11,7 +11,7 @@
 #                        [--repeats 3] [--check]
 #
 # Without --models, the GLM-4.5-Air-proportioned model (tools/gen_model.py --preset air-1g) is
-# written in the three formats under --work (once; about 1.7 GB), every linear layer quantized.
+# written in the three formats under --work (once; about 1.8 GB), every linear layer quantized.
 #
 # Each round runs `lockstep bench` on the three models in turn, at each thread count. Beside the
 # tokens/s, the bench measures what bounds a decode step here: for BF16 its bytes over the
