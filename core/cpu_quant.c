@@ -33,6 +33,54 @@ static void lut_init(void) {
   }
 }
 
+// Row r's scales as the dot kernels take them.
+static const void *row_scales(const lks__qweight *w, int64_t r) {
+  switch (w->qs) {
+    case LKS_Q_FP8_ROW: return (const float *)w->scales + r;
+    case LKS_Q_FP8_BLOCK: return (const float *)w->scales + (r / LKS_Q_FP8_BLOCK_SIZE) * w->sld;
+    default: return (const uint8_t *)w->scales + r * w->sld;  // NVFP4
+  }
+}
+
+// The codes of row a of a product whose task ends at row r1: past r1, the rows the caller says
+// the thread reads next (w->next), else `own` (a row being read anyway).
+static const uint8_t *row_ahead(const lks__qweight *w, int64_t r1, int64_t a, const uint8_t *own) {
+  if (a < r1) return w->codes + a * w->ld;
+  if (w->next && a - r1 < w->next_rows) return w->next + (a - r1) * w->ld;
+  return own;
+}
+
+// A kernel call's rows r .. r + nw - 1 of a task ending at r1: their codes, their scales, and
+// the rows pf and 2 pf ahead of each (ahead[i], ahead[LKS__QGRID + i]; row_ahead). Where the
+// rows 2 pf ahead are still the task's, without row_ahead's tests for each row: decode makes a
+// call of 8 rows for every 2.8 K weights of the experts' down rows (K = 352), and the tests cost
+// about 1.6 % of air-1g's FP8 and NVFP4 decode step at one thread (steps alternated in one process,
+// the median step of each side: x0.977-0.987 FP8, x0.984 NVFP4; at 2 threads x0.99-1.0 FP8,
+// x0.984 NVFP4).
+static inline __attribute__((always_inline)) void call_rows(const lks__qweight *w, int64_t r,
+                                                            int nw, int64_t r1, int64_t pf,
+                                                            const uint8_t **codes,
+                                                            const void **sc, const uint8_t **fl,
+                                                            const uint8_t **ahead) {
+  const int64_t ld = w->ld, nc = lks_e4m3_chunks(w->cols);
+  for (int i = 0; i < nw; i++) {
+    codes[i] = w->codes + (r + i) * ld;
+    sc[i] = row_scales(w, r + i);
+    fl[i] = w->exp0 ? w->exp0 + (r + i) * nc : NULL;
+  }
+  if (r + nw + 2 * pf <= r1) {  // all of them in the task: no tests a row
+    for (int i = 0; i < nw; i++) {
+      ahead[i] = codes[i] + pf * ld;
+      ahead[LKS__QGRID + i] = codes[i] + 2 * pf * ld;
+    }
+    return;
+  }
+  for (int i = 0; i < nw; i++) {
+    ahead[i] = row_ahead(w, r1, r + i + pf, codes[i]);
+    ahead[LKS__QGRID + i] = row_ahead(w, r1, r + i + 2 * pf, codes[i]);
+  }
+}
+
 // ---- portable ----
 
 // Each row: eight lanes (lane j sums the columns j, j+8, ... of a block), per block, then
@@ -449,6 +497,28 @@ AVX512 INLINE __m512 fp8_fix_avx512(__m512 t) {  // exponent 0: 2t -+ 2^-14 (t >
   return _mm512_mask_fmsub_ps(t, e0, _mm512_set1_ps(2.0f), c);
 }
 
+// _mm512_reduce_add_ps of 8 vectors at once, bit for bit: GCC's reduction adds lanes i and
+// i + 8, then i and i + 4, i and i + 2, i and i + 1, and this adds the same pairs (a sum does not
+// depend on its operands' order), 15 operations where eight reductions take 56 (checked against
+// it on 1.6 M random sums, 2026-12-07). Lane j of the result: v[j]'s sum.
+AVX512 INLINE __m256 hsum16x8(const __m512 *v) {
+  __m512 u[4], w[2];
+  LKS_UNROLL
+  for (int j = 0; j < 4; j++)  // lanes i + (i + 8): v[2j]'s in lanes 0..7, v[2j + 1]'s in 8..15
+    u[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0xEE));
+  LKS_UNROLL
+  for (int j = 0; j < 2; j++)  // then + 4: v[4j + k]'s in 128-bit block k
+    w[j] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * j], u[2 * j + 1], 0x88),
+                         _mm512_shuffle_f32x4(u[2 * j], u[2 * j + 1], 0xDD));
+  // + 2: block k holds v[k]'s two sums in lanes 0, 1 and v[4 + k]'s in lanes 2, 3; then + 1.
+  __m512 x =
+      _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x44), _mm512_shuffle_ps(w[0], w[1], 0xEE));
+  x = _mm512_add_ps(x, _mm512_permute_ps(x, 0xB1));
+  const __m512i pick = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castps512_ps256(_mm512_permutexvar_ps(pick, x));
+}
+
 // Whether any of the E4M3 scale bytes in b has exponent 0 (a zero or a subnormal scale): a byte
 // of b & 0x78.. is zero.
 static inline bool nv_exp0(uint64_t b) {
@@ -509,9 +579,13 @@ AVX512 INLINE void even_odd(const float *x, bool half, __m512 *xe, __m512 *xo) {
 // line loaded as 16 32-bit lanes puts columns 8i .. 8i + 7 in lane i (4 bytes, low nibble
 // first), all of group i / 2; the permute reads a lane's low 4 bits, so the lanes shifted right
 // by 4m index column 8i + m's E2M1 value in the 16-entry table: 7 shifts and 8 permutes a step,
-// no widening of bytes. x is split once for many weight rows into that order (vector m of a
-// step: columns 8i + m, times 2^8; nvfp4_avx512_split). A lane's 8 products are summed before
-// its group's scale multiplies them once:
+// no widening of bytes. Where the row goes on past the step, the line is also loaded 1, 2 and 3
+// bytes on, whose lanes hold columns 8i + 2, 8i + 4 and 8i + 6 in their low 4 bits: 3 loads
+// (free of the vector ports) in place of 3 of the shifts (one thread, in cache, best of 41:
+// 1024 x 1024 23.2 -> 24.3 G weights/s, 2978 x 352 17.6-17.9 -> 17.9-18.2). x is split once
+// for many weight rows into that order (vector m of a step: columns 8i + m, times 2^8;
+// nvfp4_avx512_split). A lane's 8 products are summed before its group's scale multiplies them
+// once:
 //   acc = (sum_m e2m1(c_m) * (2^8 x_m)) * (2^-8 s) + acc
 // where 2^-8 s is the scale's E4M3 bits placed in an f32 (exponent and mantissa at bits 26..20,
 // sign at 31, 112 added to the exponent: exact for scales of exponent 1-15; those of exponent 0
@@ -551,10 +625,11 @@ AVX512 INLINE __m512 nv_scales(const uint8_t *gs, const uint8_t *fl, bool full, 
   return __builtin_expect(fl ? *fl != 0 : nv_exp0(b8), 0) ? nv_scales_exact(b8) : s;
 }
 
-// The step at column c of RW weight rows by NX split activation rows (ng groups of it).
+// The step at column c of RW weight rows by NX split activation rows (ng groups of it); more:
+// the rows have at least 8 more bytes past the step's 64 (the offset loads stay inside them).
 AVX512 INLINE void nv_g_step(const uint8_t *const *w, const uint8_t *const *gs,
                              const uint8_t *const *exp0, const float *const *xs, int64_t c,
-                             bool full, int ng, __m512 lut, __m512 *acc, const int RW,
+                             bool full, bool more, int ng, __m512 lut, __m512 *acc, const int RW,
                              const int NX) {
   LKS_UNROLL
   for (int i = 0; i < RW; i++) {
@@ -562,9 +637,18 @@ AVX512 INLINE void nv_g_step(const uint8_t *const *w, const uint8_t *const *gs,
     __m512i v = full ? _mm512_loadu_si512(p)
                      : _mm512_maskz_loadu_epi32((__mmask16)((1u << (2 * ng)) - 1), p);
     __m512 s = nv_scales(gs[i] + c / 16, exp0 ? exp0[i] + c / 128 : NULL, full, ng), wm[8];
-    wm[0] = _mm512_permutexvar_ps(v, lut);
-    LKS_UNROLL
-    for (int m = 1; m < 8; m++) wm[m] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * m), lut);
+    if (more) {
+      LKS_UNROLL
+      for (int j = 0; j < 4; j++) {
+        __m512i u = j ? _mm512_loadu_si512(p + j) : v;
+        wm[2 * j] = _mm512_permutexvar_ps(u, lut);
+        wm[2 * j + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32(u, 4), lut);
+      }
+    } else {
+      wm[0] = _mm512_permutexvar_ps(v, lut);
+      LKS_UNROLL
+      for (int m = 1; m < 8; m++) wm[m] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * m), lut);
+    }
     LKS_UNROLL
     for (int t = 0; t < NX; t++) {
       const float *x = xs[t] + c;
@@ -581,8 +665,8 @@ AVX512 INLINE void nv_g_step(const uint8_t *const *w, const uint8_t *const *gs,
 // eight rows' codes at once (as FP8's grids); a step's weights converted once serve its NX rows.
 AVX512 INLINE void nvfp4_avx512_g(const uint8_t *const *w, const uint8_t *const *ahead,
                                   const uint8_t *const *gs, const uint8_t *const *exp0,
-                                  const float *const *xs, int64_t K, float *out, const int RW,
-                                  const int NX) {
+                                  const float *const *xs, int64_t K, float mul, float *out,
+                                  const int RW, const int NX) {
   const __m512 lut = _mm512_loadu_ps(e2m1_lut);
   __m512 acc[8];
   LKS_UNROLL
@@ -596,14 +680,21 @@ AVX512 INLINE void nvfp4_avx512_g(const uint8_t *const *w, const uint8_t *const 
         _mm_prefetch((const char *)ahead[LKS__QGRID + i] + c / 2, _MM_HINT_T1);
       }
     }
-    nv_g_step(w, gs, exp0, xs, c, true, 8, lut, acc, RW, NX);
+    nv_g_step(w, gs, exp0, xs, c, true, c + 128 < K, 8, lut, acc, RW, NX);
   }
-  if (c < K) nv_g_step(w, gs, exp0, xs, c, false, (int)(K - c) / 16, lut, acc, RW, NX);
+  if (c < K) nv_g_step(w, gs, exp0, xs, c, false, false, (int)(K - c) / 16, lut, acc, RW, NX);
+  if (RW * NX == 8) {
+    __m256 r = _mm256_mul_ps(_mm256_mul_ps(hsum16x8(acc), _mm256_set1_ps(NV_OUT_SCALE)),
+                             _mm256_set1_ps(mul));
+    _mm256_storeu_ps(out, _mm256_add_ps(r, _mm256_setzero_ps()));
+    return;
+  }
   LKS_UNROLL
-  for (int j = 0; j < RW * NX; j++) out[j] = _mm512_reduce_add_ps(acc[j]) * NV_OUT_SCALE;
+  for (int j = 0; j < RW * NX; j++)
+    out[j] = _mm512_reduce_add_ps(acc[j]) * NV_OUT_SCALE * mul + 0.0f;
 }
 
-#define NV_G(RW, NX) nvfp4_avx512_g(w, ahead, gs, exp0, xs, K, out, RW, NX)
+#define NV_G(RW, NX) nvfp4_avx512_g(w, ahead, gs, exp0, xs, K, 1.0f, out, RW, NX)
 AVX512 static void nvfp4_avx512_grid(const uint8_t *const *w, const uint8_t *const *ahead,
                                      const uint8_t *const *gs, const uint8_t *const *exp0,
                                      const float *const *xs, int nw, int nx, int64_t K,
@@ -837,6 +928,10 @@ AVX512 INLINE void fp8_avx512_g(const uint8_t *const *w, const uint8_t *const *a
       }
     }
   }
+  if (RW * NX == 8) {
+    _mm256_storeu_ps(out, _mm256_add_ps(hsum16x8(acc), _mm256_loadu_ps(tail)));
+    return;
+  }
   LKS_UNROLL
   for (int j = 0; j < RW * NX; j++) out[j] = _mm512_reduce_add_ps(acc[j]) + tail[j];
 }
@@ -865,6 +960,52 @@ AVX512 static void fp8_avx512(const uint8_t *w, const float *bs, int64_t blk,
   free(buf);
 }
 
+// Decode's rows of a task (lks__qmv_fn): the grids' calls of LKS__QGRID rows in one loop, a
+// full grid's kernel inlined, its 8 sums reduced together (hsum16x8) and stored finished (NVFP4
+// times the tensor's multiplier; + 0.0f, as the bias the callers add). Called a grid at a time
+// from lks__quant_matmul_rows, whose loop then read each sum back from the grid's vector store
+// and scaled it, a call of 8 rows cost about 160 cycles beside each 128 columns' 14 (NVFP4, one
+// thread, in cache: 34 cycles per 128 weights for rows of 128 columns, 21.7 and 15 G weights/s
+// for rows of 1024 and 352). Now, best of 41 runs, one thread, in cache: NVFP4 rows of 128
+// 34 -> 24.4 cycles, 1024 x 1024 22.5 -> 25.3 G weights/s, 2978 x 352 (air-1g's down products)
+// 15.5 -> 19.1; FP8 blocks 19.1 -> 20.7 and 15.6 -> 17.9. air-1g NVFP4 decode, 2 threads, five
+// alternated rounds: median 168.7 -> 183.8 tokens/s. The sums are those of the grids, bit for
+// bit (tests/unit/check_quant.c, test_big_batch).
+AVX512 static void nvfp4_avx512_mv(const lks__qweight *w, int64_t r0, int64_t r1, int64_t pf,
+                                   const float *xs, float *out) {
+  const int64_t K = w->cols;
+  for (int64_t r = r0; r < r1; r += LKS__QGRID) {
+    const int nw = r1 - r < LKS__QGRID ? (int)(r1 - r) : LKS__QGRID;
+    const uint8_t *codes[LKS__QGRID], *ahead[LKS__QAHEAD], *fl[LKS__QGRID];
+    const void *sc[LKS__QGRID];
+    call_rows(w, r, nw, r1, pf, codes, sc, fl, ahead);
+    const uint8_t *const *gs = (const uint8_t *const *)sc, *const *e0 = w->exp0 ? fl : NULL;
+    float *d = out + (r - r0);
+    if (nw == LKS__QGRID) {
+      nvfp4_avx512_g(codes, ahead, gs, e0, &xs, K, w->global, d, LKS__QGRID, 1);
+      continue;
+    }
+    nvfp4_avx512_grid(codes, ahead, gs, e0, &xs, nw, 1, K, d);
+    for (int i = 0; i < nw; i++) d[i] = d[i] * w->global + 0.0f;
+  }
+}
+
+AVX512 static void fp8_avx512_mv(const lks__qweight *w, int64_t r0, int64_t r1, int64_t pf,
+                                 const float *xs, float *out) {
+  const int64_t K = w->cols, blk = w->qs == LKS_Q_FP8_ROW ? K : LKS_Q_FP8_BLOCK_SIZE;
+  for (int64_t r = r0; r < r1; r += LKS__QGRID) {
+    const int nw = r1 - r < LKS__QGRID ? (int)(r1 - r) : LKS__QGRID;
+    const uint8_t *codes[LKS__QGRID], *ahead[LKS__QAHEAD], *fl[LKS__QGRID];
+    const void *sc[LKS__QGRID];
+    call_rows(w, r, nw, r1, pf, codes, sc, fl, ahead);
+    const float *const *bs = (const float *const *)sc;
+    const uint8_t *const *e0 = w->exp0 ? fl : NULL;
+    float *d = out + (r - r0);
+    if (nw == LKS__QGRID) fp8_avx512_g(codes, ahead, bs, e0, blk, &xs, K, d, LKS__QGRID, 1);
+    else fp8_avx512_grid(codes, ahead, bs, e0, blk, &xs, nw, 1, K, d);
+  }
+}
+
 static const lks__quant_kernels q_avx2 = {.name = "avx2",
                                           .fp8 = fp8_avx2,
                                           .nvfp4 = nvfp4_avx2,
@@ -880,7 +1021,9 @@ static const lks__quant_kernels q_avx512 = {.name = "avx512",
                                             .nvfp4_split = nvfp4_avx512_split,
                                             .nvfp4_grid = nvfp4_avx512_grid,
                                             .fp8_split = fp8_avx512_split,
-                                            .fp8_grid = fp8_avx512_grid};
+                                            .fp8_grid = fp8_avx512_grid,
+                                            .fp8_mv = fp8_avx512_mv,
+                                            .nvfp4_mv = nvfp4_avx512_mv};
 #elif defined(__aarch64__)
 #include <arm_neon.h>
 #include <asm/hwcap.h>
@@ -1053,52 +1196,6 @@ const lks__quant_kernels *lks__quant_kernels_best(void) {
 
 _Static_assert((int)LKS__QGRID == (int)LKS__QROWS, "one output buffer serves grids and rows");
 
-// Row r's scales as the dot kernels take them.
-static const void *row_scales(const lks__qweight *w, int64_t r) {
-  switch (w->qs) {
-    case LKS_Q_FP8_ROW: return (const float *)w->scales + r;
-    case LKS_Q_FP8_BLOCK: return (const float *)w->scales + (r / LKS_Q_FP8_BLOCK_SIZE) * w->sld;
-    default: return (const uint8_t *)w->scales + r * w->sld;  // NVFP4
-  }
-}
-
-// The codes of row a of a product whose task ends at row r1: past r1, the rows the caller says
-// the thread reads next (w->next), else `own` (a row being read anyway).
-static const uint8_t *row_ahead(const lks__qweight *w, int64_t r1, int64_t a, const uint8_t *own) {
-  if (a < r1) return w->codes + a * w->ld;
-  if (w->next && a - r1 < w->next_rows) return w->next + (a - r1) * w->ld;
-  return own;
-}
-
-// A kernel call's rows r .. r + nw - 1 of a task ending at r1: their codes, their scales, and
-// the rows pf and 2 pf ahead of each (ahead[i], ahead[LKS__QGRID + i]; row_ahead). Where the
-// rows 2 pf ahead are still the task's, without row_ahead's tests for each row: decode makes a
-// call of 8 rows for every 2.8 K weights of the experts' down rows (K = 352), and the tests cost
-// about 1.6 % of air-1g's FP8 and NVFP4 decode step at one thread (steps alternated in one process,
-// the median step of each side: x0.977-0.987 FP8, x0.984 NVFP4; at 2 threads x0.99-1.0 FP8,
-// x0.984 NVFP4).
-static void call_rows(const lks__qweight *w, int64_t r, int nw, int64_t r1, int64_t pf,
-                      const uint8_t **codes, const void **sc, const uint8_t **fl,
-                      const uint8_t **ahead) {
-  const int64_t ld = w->ld, nc = lks_e4m3_chunks(w->cols);
-  for (int i = 0; i < nw; i++) {
-    codes[i] = w->codes + (r + i) * ld;
-    sc[i] = row_scales(w, r + i);
-    fl[i] = w->exp0 ? w->exp0 + (r + i) * nc : NULL;
-  }
-  if (r + nw + 2 * pf <= r1) {  // all of them in the task: no tests a row
-    for (int i = 0; i < nw; i++) {
-      ahead[i] = codes[i] + pf * ld;
-      ahead[LKS__QGRID + i] = codes[i] + 2 * pf * ld;
-    }
-    return;
-  }
-  for (int i = 0; i < nw; i++) {
-    ahead[i] = row_ahead(w, r1, r + i + pf, codes[i]);
-    ahead[LKS__QGRID + i] = row_ahead(w, r1, r + i + 2 * pf, codes[i]);
-  }
-}
-
 // Several activation rows (prefill, batches): the one-row kernel on each weight row and up to
 // LKS__QROWS activation rows, weight rows in blocks of about 16 KB of codes, each block taken
 // against every group of activation rows in turn. Every output is the kernel's arithmetic on
@@ -1250,6 +1347,12 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
     }
     (nv ? k->nvfp4_split : k->fp8_split)(x, K, buf);
     xw = buf;
+  }
+  lks__qmv_fn mv = nv ? k->nvfp4_mv : k->fp8_mv;
+  if (grid && mv && !bias && !accumulate) {  // decode's products (mm_tile): the finished sums
+    mv(w, r0, r1, pf, xw, out + r0);
+    free(heap_xs);
+    return;
   }
   for (int64_t r = r0; r < r1; r += step) {
     int nw = r1 - r < step ? (int)(r1 - r) : (int)step;

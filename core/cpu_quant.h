@@ -59,28 +59,6 @@ typedef void (*lks__qdot_nvfp4_grid_fn)(const uint8_t *const *w, const uint8_t *
                                         const uint8_t *const *exp0, const float *const *xs,
                                         int nw, int nx, int64_t K, float *out);
 
-typedef struct lks__quant_kernels {
-  const char *name;  // "scalar", "avx2", "avx512", "neon"
-  lks__qdot_fp8_fn fp8;
-  lks__qdot_nvfp4_fn nvfp4;
-  int group_rows;  // with grids, products of several rows take this many activation rows at a
-                   // time where rows have 512 columns or more (0: LKS__QROWS); see cpu_quant.c
-  lks__qsplit_fn fp8_split;      // may be NULL (then fp8_grid is NULL too)
-  lks__qdot_fp8_grid_fn fp8_grid;
-  lks__qsplit_fn nvfp4_split;    // may be NULL (then nvfp4_grid is NULL too)
-  lks__qdot_nvfp4_grid_fn nvfp4_grid;
-} lks__quant_kernels;
-
-// Floats of one split row of K columns. FP8: 32 per 32 columns of the first K / 16 * 16 (a last
-// 16 padded), then the K % 16 others as they are. NVFP4 (K a multiple of 16): 128 per 128,
-// the last padded.
-static inline int64_t lks__fp8_split_head(int64_t K) { return (K / 16 + 1) / 2 * 32; }
-static inline int64_t lks__fp8_split_len(int64_t K) { return lks__fp8_split_head(K) + K % 16; }
-static inline int64_t lks__nvfp4_split_len(int64_t K) { return (K + 127) / 128 * 128; }
-
-const lks__quant_kernels *lks__quant_kernels_get(const char *name);
-const lks__quant_kernels *lks__quant_kernels_best(void);
-
 // A quantized weight as raw host pointers (the CPU backend's view of an lks_tensor).
 typedef struct lks__qweight {
   lks_qscheme qs;
@@ -97,6 +75,35 @@ typedef struct lks__qweight {
   const uint8_t *next;
   int64_t next_rows;
 } lks__qweight;
+
+// Decode's product over a task's rows [r0, r1) of w against one activation row, split (xs):
+// out[r - r0] = the grid's sum for row r (NVFP4: times w->global), the rows read LKS__QGRID at
+// a time, each fetching the rows pf and 2 pf ahead into L1 and L2 (past r1: w->next).
+typedef void (*lks__qmv_fn)(const lks__qweight *w, int64_t r0, int64_t r1, int64_t pf,
+                            const float *xs, float *out);
+
+typedef struct lks__quant_kernels {
+  const char *name;  // "scalar", "avx2", "avx512", "neon"
+  lks__qdot_fp8_fn fp8;
+  lks__qdot_nvfp4_fn nvfp4;
+  int group_rows;  // with grids, products of several rows take this many activation rows at a
+                   // time where rows have 512 columns or more (0: LKS__QROWS); see cpu_quant.c
+  lks__qsplit_fn fp8_split;      // may be NULL (then fp8_grid is NULL too)
+  lks__qdot_fp8_grid_fn fp8_grid;
+  lks__qsplit_fn nvfp4_split;    // may be NULL (then nvfp4_grid is NULL too)
+  lks__qdot_nvfp4_grid_fn nvfp4_grid;
+  lks__qmv_fn fp8_mv, nvfp4_mv;  // may be NULL (then decode calls the grids row block by block)
+} lks__quant_kernels;
+
+// Floats of one split row of K columns. FP8: 32 per 32 columns of the first K / 16 * 16 (a last
+// 16 padded), then the K % 16 others as they are. NVFP4 (K a multiple of 16): 128 per 128,
+// the last padded.
+static inline int64_t lks__fp8_split_head(int64_t K) { return (K / 16 + 1) / 2 * 32; }
+static inline int64_t lks__fp8_split_len(int64_t K) { return lks__fp8_split_head(K) + K % 16; }
+static inline int64_t lks__nvfp4_split_len(int64_t K) { return (K + 127) / 128 * 128; }
+
+const lks__quant_kernels *lks__quant_kernels_get(const char *name);
+const lks__quant_kernels *lks__quant_kernels_best(void);
 
 // Output rows [r0, r1) of out (+)= x W^T + bias for n activation rows (x row stride ldx, out row
 // stride ldo; bias [rows] or NULL). Called from the thread pool, one range per task.

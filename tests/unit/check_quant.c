@@ -373,10 +373,11 @@ START_TEST(test_fp8_exponent0) {
 END_TEST
 
 // Products over more activation rows than are split at once (n * split row over 8 MB: split by
-// groups instead), FP8 blocks and NVFP4: every row bit for bit what it gives alone.
+// groups instead), FP8 blocks and NVFP4: every row bit for bit what it gives alone. Alone is
+// decode's path (lks__qmv_fn where the level has one): 13 weight rows, a grid of 8 and one of 5.
 START_TEST(test_big_batch) {
   uint64_t rs = 31337;
-  enum { M = 8, N = 140 };
+  enum { M = 13, N = 140 };
   const int64_t K = 16000;  // 140 rows of 16000 columns: 2.24 M floats split
   for (int lv = 0; lv < TU_N_SIMD_LEVELS; lv++) {
     const lks__quant_kernels *k = lks__quant_kernels_get(levels[lv]);
