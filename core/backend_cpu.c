@@ -361,7 +361,8 @@ static void mm_task(void *ctx, int task, int thread) {
   int64_t r0 = (int64_t)task * j->per, r1 = r0 + j->per < j->w.rows ? r0 + j->per : j->w.rows;
   int64_t m = r1 - r0;
   float *tile = j->c->thread_scratch[thread].p, *wide = tile + j->per * j->n;
-  // The thread's next task, most likely: the pool hands tasks out in order, one each in turn.
+  // The thread's next task, unless another thread takes it: thread t's share of a job's tasks
+  // is t, t + n_threads, ... (threadpool.c).
   int64_t n0 = r1 + (j->c->n_threads - 1) * j->per;
   int64_t n1 = n0 + j->per < j->w.rows ? n0 + j->per : j->w.rows;
   mm_tile(j->c, j->w, r0, r1, j->x, j->ldx, j->n, tile, m, wide, &j->w, n0, n1);
@@ -624,8 +625,8 @@ static int task_expert(const int *first, int task) {
 }
 
 // What the task n_threads after `task` reads first, in phase 1 (first: task0; gate's rows) or
-// phase 2 (task2; down's rows), per rows a task: most likely the thread's next task, as the pool
-// hands tasks out in order, one each in turn. NULL when there is none.
+// phase 2 (task2; down's rows), per rows a task: the thread's next task unless another thread
+// takes it (the thread's share of a job is every n_threads-th task). NULL when there is none.
 static const lks_tensor *next_rows(const experts_job *j, const int *first, int task, int64_t per,
                                    int64_t *n0, int64_t *n1) {
   int nt = task + j->c->n_threads;
