@@ -81,6 +81,24 @@ static inline __attribute__((always_inline)) void call_rows(const lks__qweight *
   }
 }
 
+// The loop of a level's lks__qmv_fn (w, r0, r1, pf and out in scope): the rows LKS__QGRID at a
+// time, FULL for a full grid and PART for the last, short one (nw rows), each with the grid's
+// codes, ahead, sc (scales), e0 (exponent-0 flags, or NULL) and d (its outputs) in scope.
+#define QMV_LOOP(FULL, PART)                                                     \
+  for (int64_t r = r0; r < r1; r += LKS__QGRID) {                               \
+    const int nw = r1 - r < LKS__QGRID ? (int)(r1 - r) : LKS__QGRID;            \
+    const uint8_t *codes[LKS__QGRID], *ahead[LKS__QAHEAD], *fl[LKS__QGRID];     \
+    const void *sc[LKS__QGRID];                                                 \
+    call_rows(w, r, nw, r1, pf, codes, sc, fl, ahead);                          \
+    const uint8_t *const *e0 = w->exp0 ? fl : NULL;                             \
+    float *d = out + (r - r0);                                                  \
+    if (nw == LKS__QGRID) {                                                     \
+      FULL;                                                                     \
+    } else {                                                                    \
+      PART;                                                                     \
+    }                                                                           \
+  }
+
 // ---- portable ----
 
 // Each row: eight lanes (lane j sums the columns j, j+8, ... of a block), per block, then
@@ -472,44 +490,34 @@ AVX2 static void nvfp4_avx2(const uint8_t *w, const uint8_t *gs, const float *co
 AVX2 static void nvfp4_avx2_mv(const lks__qweight *w, int64_t r0, int64_t r1, int64_t pf,
                                const float *xs, float *out) {
   const int64_t K = w->cols;
-  for (int64_t r = r0; r < r1; r += LKS__QGRID) {
-    const int nw = r1 - r < LKS__QGRID ? (int)(r1 - r) : LKS__QGRID;
-    const uint8_t *codes[LKS__QGRID], *ahead[LKS__QAHEAD], *fl[LKS__QGRID];
-    const void *sc[LKS__QGRID];
-    call_rows(w, r, nw, r1, pf, codes, sc, fl, ahead);
-    const uint8_t *const *gs = (const uint8_t *const *)sc;
-    float *d = out + (r - r0);
-    if (nw == LKS__QGRID) {
-      LKS_UNROLL
-      for (int h = 0; h < LKS__QGRID; h += 4)
-        nvfp4_avx2_g(codes + h, ahead + h, ahead + LKS__QGRID + h, gs + h, &xs, K, w->global,
-                     d + h, 4, 1);
-      continue;
-    }
-    nvfp4_avx2_grid(codes, ahead, gs, NULL, &xs, nw, 1, K, d);
-    for (int i = 0; i < nw; i++) d[i] = d[i] * w->global + 0.0f;
-  }
+  QMV_LOOP(
+      {
+        (void)e0;  // exponent-0 scales are converted as the others (no exact path)
+        const uint8_t *const *gs = (const uint8_t *const *)sc;
+        LKS_UNROLL
+        for (int h = 0; h < LKS__QGRID; h += 4)
+          nvfp4_avx2_g(codes + h, ahead + h, ahead + LKS__QGRID + h, gs + h, &xs, K, w->global,
+                       d + h, 4, 1);
+      },
+      {
+        nvfp4_avx2_grid(codes, ahead, (const uint8_t *const *)sc, NULL, &xs, nw, 1, K, d);
+        for (int i = 0; i < nw; i++) d[i] = d[i] * w->global + 0.0f;
+      });
 }
 
 AVX2 static void fp8_avx2_mv(const lks__qweight *w, int64_t r0, int64_t r1, int64_t pf,
                              const float *xs, float *out) {
   const int64_t K = w->cols, blk = w->qs == LKS_Q_FP8_ROW ? K : LKS_Q_FP8_BLOCK_SIZE;
-  for (int64_t r = r0; r < r1; r += LKS__QGRID) {
-    const int nw = r1 - r < LKS__QGRID ? (int)(r1 - r) : LKS__QGRID;
-    const uint8_t *codes[LKS__QGRID], *ahead[LKS__QAHEAD], *fl[LKS__QGRID];
-    const void *sc[LKS__QGRID];
-    call_rows(w, r, nw, r1, pf, codes, sc, fl, ahead);
-    const float *const *bs = (const float *const *)sc;
-    float *d = out + (r - r0);
-    if (nw == LKS__QGRID) {
-      LKS_UNROLL
-      for (int h = 0; h < LKS__QGRID; h += 4)
-        fp8_avx2_g(codes + h, ahead + h, ahead + LKS__QGRID + h, bs + h, blk, &xs, K, d + h, 4,
-                   1);
-      continue;
-    }
-    fp8_avx2_grid(codes, ahead, bs, NULL, blk, &xs, nw, 1, K, d);
-  }
+  QMV_LOOP(
+      {
+        (void)e0;  // exponent-0 codes are converted as the others (no exact path)
+        const float *const *bs = (const float *const *)sc;
+        LKS_UNROLL
+        for (int h = 0; h < LKS__QGRID; h += 4)
+          fp8_avx2_g(codes + h, ahead + h, ahead + LKS__QGRID + h, bs + h, blk, &xs, K, d + h,
+                     4, 1);
+      },
+      fp8_avx2_grid(codes, ahead, (const float *const *)sc, NULL, blk, &xs, nw, 1, K, d));
 }
 
 // ---- AVX-512: 16 columns a vector ----
@@ -1022,36 +1030,19 @@ AVX512 static void fp8_avx512(const uint8_t *w, const float *bs, int64_t blk,
 AVX512 static void nvfp4_avx512_mv(const lks__qweight *w, int64_t r0, int64_t r1, int64_t pf,
                                    const float *xs, float *out) {
   const int64_t K = w->cols;
-  for (int64_t r = r0; r < r1; r += LKS__QGRID) {
-    const int nw = r1 - r < LKS__QGRID ? (int)(r1 - r) : LKS__QGRID;
-    const uint8_t *codes[LKS__QGRID], *ahead[LKS__QAHEAD], *fl[LKS__QGRID];
-    const void *sc[LKS__QGRID];
-    call_rows(w, r, nw, r1, pf, codes, sc, fl, ahead);
-    const uint8_t *const *gs = (const uint8_t *const *)sc, *const *e0 = w->exp0 ? fl : NULL;
-    float *d = out + (r - r0);
-    if (nw == LKS__QGRID) {
-      nvfp4_avx512_g(codes, ahead, gs, e0, &xs, K, w->global, d, LKS__QGRID, 1);
-      continue;
-    }
-    nvfp4_avx512_grid(codes, ahead, gs, e0, &xs, nw, 1, K, d);
-    for (int i = 0; i < nw; i++) d[i] = d[i] * w->global + 0.0f;
-  }
+  QMV_LOOP(nvfp4_avx512_g(codes, ahead, (const uint8_t *const *)sc, e0, &xs, K, w->global, d,
+                          LKS__QGRID, 1),
+           {
+             nvfp4_avx512_grid(codes, ahead, (const uint8_t *const *)sc, e0, &xs, nw, 1, K, d);
+             for (int i = 0; i < nw; i++) d[i] = d[i] * w->global + 0.0f;
+           });
 }
 
 AVX512 static void fp8_avx512_mv(const lks__qweight *w, int64_t r0, int64_t r1, int64_t pf,
                                  const float *xs, float *out) {
   const int64_t K = w->cols, blk = w->qs == LKS_Q_FP8_ROW ? K : LKS_Q_FP8_BLOCK_SIZE;
-  for (int64_t r = r0; r < r1; r += LKS__QGRID) {
-    const int nw = r1 - r < LKS__QGRID ? (int)(r1 - r) : LKS__QGRID;
-    const uint8_t *codes[LKS__QGRID], *ahead[LKS__QAHEAD], *fl[LKS__QGRID];
-    const void *sc[LKS__QGRID];
-    call_rows(w, r, nw, r1, pf, codes, sc, fl, ahead);
-    const float *const *bs = (const float *const *)sc;
-    const uint8_t *const *e0 = w->exp0 ? fl : NULL;
-    float *d = out + (r - r0);
-    if (nw == LKS__QGRID) fp8_avx512_g(codes, ahead, bs, e0, blk, &xs, K, d, LKS__QGRID, 1);
-    else fp8_avx512_grid(codes, ahead, bs, e0, blk, &xs, nw, 1, K, d);
-  }
+  QMV_LOOP(fp8_avx512_g(codes, ahead, (const float *const *)sc, e0, blk, &xs, K, d, LKS__QGRID, 1),
+           fp8_avx512_grid(codes, ahead, (const float *const *)sc, e0, blk, &xs, nw, 1, K, d));
 }
 
 static const lks__quant_kernels q_avx2 = {.name = "avx2",
