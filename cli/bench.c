@@ -175,8 +175,8 @@ typedef struct {
 static void qr_task(void *ctx, int task, int thread) {
   qr_job *j = ctx;
   int b = task % j->threads;
-  lks__quant_matmul_rows(j->k, &j->w[b], 0, QR_ROWS, j->x, QR_K, 1, NULL,
-                         j->out + (size_t)thread * QR_ROWS, QR_ROWS, false);
+  lks__quant_matmul_rows(j->k, &j->w[b], 0, QR_ROWS, j->x, QR_K, 1,
+                         j->out + (size_t)thread * QR_ROWS, QR_ROWS);
 }
 
 // fmt: LKS_WFMT_FP8_CHANNEL, LKS_WFMT_FP8_BLOCK or LKS_WFMT_NVFP4; 0 where it cannot measure.

@@ -302,7 +302,7 @@ static void mm_tile(const cpu_backend *c, lks_tensor w, int64_t r0, int64_t r1, 
       q.next = (const uint8_t *)ptr(*next) + nr0 * next->ld;
       q.next_rows = nr1 - nr0;
     }
-    lks__quant_matmul_rows(c->qk, &q, r0, r1, x, ldx, n, NULL, tile - r0, ldt, false);
+    lks__quant_matmul_rows(c->qk, &q, r0, r1, x, ldx, n, tile - r0, ldt);
     return;
   }
   int64_t K = w.cols;

@@ -1018,7 +1018,7 @@ AVX512 static void fp8_avx512(const uint8_t *w, const float *bs, int64_t blk,
 
 // Decode's rows of a task (lks__qmv_fn): the grids' calls of LKS__QGRID rows in one loop, a
 // full grid's kernel inlined, its 8 sums reduced together (hsum16x8) and stored finished (NVFP4
-// times the tensor's multiplier; + 0.0f, as the bias the callers add). Called a grid at a time
+// times the tensor's multiplier; + 0.0f: -0 as +0, as every product gives). Called a grid at a time
 // from lks__quant_matmul_rows, whose loop then read each sum back from the grid's vector store
 // and scaled it, a call of 8 rows cost about 160 cycles beside each 128 columns' 14 (NVFP4, one
 // thread, in cache: 34 cycles per 128 weights for rows of 128 columns, 21.7 and 15 G weights/s
@@ -1246,7 +1246,7 @@ _Static_assert((int)LKS__QGRID == (int)LKS__QROWS, "one output buffer serves gri
 // tokens/s, NVFP4 169-180 -> 197-246).
 static void quant_rows_blocked(const lks__quant_kernels *k, const lks__qweight *w, int64_t r0,
                                int64_t r1, const float *x, int64_t ldx, int64_t n,
-                               const float *bias, float *out, int64_t ldo, bool accumulate) {
+                               float *out, int64_t ldo) {
   const int64_t K = w->cols;
   const int64_t blk = w->qs == LKS_Q_FP8_ROW ? K : LKS_Q_FP8_BLOCK_SIZE;
   const bool nv = w->qs == LKS_Q_NVFP4;
@@ -1307,13 +1307,8 @@ static void quant_rows_blocked(const lks__quant_kernels *k, const lks__qweight *
           k->fp8(w->codes + r * w->ld, row_scales(w, r), blk, xs, nx, K, d);
         }
         for (int j = 0; nv && j < nw * nx; j++) d[j] *= w->global;
-        for (int j = 0; j < nw; j++) {
-          float b = bias ? bias[r + j] : 0.0f;
-          for (int i = 0; i < nx; i++) {
-            float *o = out + (t0 + i) * ldo + r + j;
-            *o = accumulate ? *o + d[j * nx + i] + b : d[j * nx + i] + b;
-          }
-        }
+        for (int j = 0; j < nw; j++)  // + 0.0f: -0 as +0 (cpu_math.h)
+          for (int i = 0; i < nx; i++) out[(t0 + i) * ldo + r + j] = d[j * nx + i] + 0.0f;
       }
     }
   }
@@ -1321,19 +1316,17 @@ static void quant_rows_blocked(const lks__quant_kernels *k, const lks__qweight *
 }
 
 void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, int64_t r0,
-                            int64_t r1, const float *x, int64_t ldx, int64_t n, const float *bias,
-                            float *out, int64_t ldo, bool accumulate) {
+                            int64_t r1, const float *x, int64_t ldx, int64_t n, float *out,
+                            int64_t ldo) {
   const int64_t K = w->cols;
-  const int64_t blk = w->qs == LKS_Q_FP8_ROW ? K : LKS_Q_FP8_BLOCK_SIZE;
   const bool nv = w->qs == LKS_Q_NVFP4;
   if (!nv && w->qs != LKS_Q_FP8_ROW && w->qs != LKS_Q_FP8_BLOCK) {
-    if (!accumulate)  // unreachable: lks_weight_check refused it
-      for (int64_t t = 0; t < n; t++)
-        for (int64_t r = r0; r < r1; r++) out[t * ldo + r] = 0;
+    for (int64_t t = 0; t < n; t++)  // unreachable: lks_weight_check refused it
+      for (int64_t r = r0; r < r1; r++) out[t * ldo + r] = 0;
     return;
   }
   if (n > 1) {
-    quant_rows_blocked(k, w, r0, r1, x, ldx, n, bias, out, ldo, accumulate);
+    quant_rows_blocked(k, w, r0, r1, x, ldx, n, out, ldo);
     return;
   }
   // Decode (one activation row) from here on.
@@ -1375,52 +1368,29 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
   // Where the level splits x: once for the product's rows, on the stack up to GLM's widths,
   // else on the heap (rows of over 8 KB: the copy is small beside them).
   float stack_xs[16384 + 32], *heap_xs = NULL;
-  const float *xw = x;
   if (grid) {
     int64_t sl = nv ? lks__nvfp4_split_len(K) : lks__fp8_split_len(K);
     float *buf = sl <= (int64_t)(sizeof stack_xs / sizeof *stack_xs)
                      ? stack_xs
                      : (heap_xs = malloc((size_t)sl * sizeof *heap_xs));
-    if (!buf) {  // without the memory: one row at a time, as levels without grids
-      for (int64_t r = r0; r < r1; r++)
-        quant_rows_blocked(k, w, r, r + 1, x, ldx, 1, bias, out, ldo, accumulate);
+    if (buf) {
+      (nv ? k->nvfp4_split : k->fp8_split)(x, K, buf);
+      (nv ? k->nvfp4_mv : k->fp8_mv)(w, r0, r1, pf, buf, out + r0);
+      free(heap_xs);
       return;
     }
-    (nv ? k->nvfp4_split : k->fp8_split)(x, K, buf);
-    xw = buf;
   }
-  lks__qmv_fn mv = nv ? k->nvfp4_mv : k->fp8_mv;
-  if (grid && mv && !bias && !accumulate) {  // decode's products (mm_tile): the finished sums
-    mv(w, r0, r1, pf, xw, out + r0);
-    free(heap_xs);
-    return;
-  }
-  for (int64_t r = r0; r < r1; r += step) {
-    int nw = r1 - r < step ? (int)(r1 - r) : (int)step;
-    const uint8_t *codes[LKS__QGRID], *ahead[LKS__QAHEAD], *fl[LKS__QGRID];
-    const void *sc[LKS__QGRID];
-    call_rows(w, r, nw, r1, pf, codes, sc, fl, ahead);
-    const uint8_t *const *e0 = w->exp0 ? fl : NULL;
-    for (int i = 0; !grid && i < nw; i++)
-      if (ahead[i] != codes[i])
-        for (int64_t c = 0; c < row_bytes; c += 64) {
-          __builtin_prefetch(ahead[i] + c, 0, 3);
-          __builtin_prefetch(ahead[LKS__QGRID + i] + c, 0, 2);
-        }
-    float d[LKS__QGRID];
-    if (grid) {
-      if (nv) k->nvfp4_grid(codes, ahead, (const uint8_t *const *)sc, e0, &xw, nw, 1, K, d);
-      else k->fp8_grid(codes, ahead, (const float *const *)sc, e0, blk, &xw, nw, 1, K, d);
-      for (int i = 0; i < nw; i++) {
-        float b = bias ? bias[r + i] : 0.0f, v = nv ? d[i] * w->global : d[i];
-        float *o = out + r + i;
-        *o = accumulate ? *o + v + b : v + b;
-      }
-      continue;
+  // Levels without grids, or without the memory for the split: one row at a time, the rows pf
+  // and 2 pf ahead fetched as it starts.
+  for (int64_t r = r0; r < r1; r++) {
+    const uint8_t *own = w->codes + r * w->ld;
+    const uint8_t *a1 = row_ahead(w, r1, r + pf, own), *a2 = row_ahead(w, r1, r + 2 * pf, own);
+    for (int64_t c = 0; a1 != own && c < row_bytes; c += 64) {
+      __builtin_prefetch(a1 + c, 0, 3);
+      __builtin_prefetch(a2 + c, 0, 2);
     }
-    quant_rows_blocked(k, w, r, r + 1, x, ldx, 1, bias, out, ldo, accumulate);
+    quant_rows_blocked(k, w, r, r + 1, x, ldx, 1, out, ldo);
   }
-  free(heap_xs);
 }
 
 void lks__quant_row_f32(const lks__qweight *w, int64_t r, float *dst) {

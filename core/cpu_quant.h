@@ -92,7 +92,7 @@ typedef struct lks__quant_kernels {
   lks__qdot_fp8_grid_fn fp8_grid;
   lks__qsplit_fn nvfp4_split;    // may be NULL (then nvfp4_grid is NULL too)
   lks__qdot_nvfp4_grid_fn nvfp4_grid;
-  lks__qmv_fn fp8_mv, nvfp4_mv;  // may be NULL (then decode calls the grids row block by block)
+  lks__qmv_fn fp8_mv, nvfp4_mv;  // set exactly where the grid of the format is
 } lks__quant_kernels;
 
 // Floats of one split row of K columns. FP8: 32 per 32 columns of the first K / 16 * 16 (a last
@@ -105,11 +105,12 @@ static inline int64_t lks__nvfp4_split_len(int64_t K) { return (K + 127) / 128 *
 const lks__quant_kernels *lks__quant_kernels_get(const char *name);
 const lks__quant_kernels *lks__quant_kernels_best(void);
 
-// Output rows [r0, r1) of out (+)= x W^T + bias for n activation rows (x row stride ldx, out row
-// stride ldo; bias [rows] or NULL). Called from the thread pool, one range per task.
+// Output rows [r0, r1) of out = x W^T for n activation rows (x row stride ldx, out row stride
+// ldo). Called from the thread pool, one range per task. Decode (n = 1) on a level with grids
+// runs the level's lks__qmv_fn on x split once.
 void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, int64_t r0,
-                            int64_t r1, const float *x, int64_t ldx, int64_t n, const float *bias,
-                            float *out, int64_t ldo, bool accumulate);
+                            int64_t r1, const float *x, int64_t ldx, int64_t n, float *out,
+                            int64_t ldo);
 
 // Row r of w dequantized to f32: dst[c] = the value the dot kernels multiply by x[c], each one
 // rounding of e4m3(code) * scale (FP8) or e2m1(code) * e4m3(scale) * global (NVFP4) away from

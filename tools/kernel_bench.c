@@ -66,8 +66,8 @@ static double run_case(const lks__cpu_kernels *k, const lks__quant_kernels *q, i
         lks__qweight q4 = {.qs = LKS_Q_NVFP4, .codes = w4, .ld = K / 2, .scales = gs,
                            .sld = K / 16, .global = 1.0f, .rows = M, .cols = K,
                            .exp0 = gs_flags};
-        lks__quant_matmul_rows(q, c == 6 || c == 10 ? &q8 : &q4, 0, M, x, K, c < 10 ? 1 : 2, NULL,
-                               out, M, false);
+        lks__quant_matmul_rows(q, c == 6 || c == 10 ? &q8 : &q4, 0, M, x, K, c < 10 ? 1 : 2, out,
+                               M);
         break;
       }
       default: {

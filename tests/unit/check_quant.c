@@ -397,9 +397,9 @@ START_TEST(test_big_batch) {
                        .sld = K / 16, .global = 0.37f, .rows = M, .cols = K};
     const lks__qweight *ws[2] = {&fp8, &nv};
     for (int f = 0; f < 2; f++) {
-      lks__quant_matmul_rows(k, ws[f], 0, M, x, K, N, NULL, batch, M, false);
+      lks__quant_matmul_rows(k, ws[f], 0, M, x, K, N, batch, M);
       for (int t = 0; t < N; t++) {
-        lks__quant_matmul_rows(k, ws[f], 0, M, x + t * K, K, 1, NULL, alone, M, false);
+        lks__quant_matmul_rows(k, ws[f], 0, M, x + t * K, K, 1, alone, M);
         ck_assert_msg(memcmp(alone, batch + t * M, sizeof alone) == 0,
                       "%s %s: row %d of a batch of %d differs from it alone", levels[lv],
                       f ? "nvfp4" : "fp8", t, N);
