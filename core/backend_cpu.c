@@ -3,8 +3,9 @@
 // thread pool and vectorised through cpu_kernels. Matrix products split the weight's output rows
 // over the threads, so each thread streams its own part of the weights once per call whatever
 // the number of activation rows, through register-blocked kernels that reuse each loaded weight
-// chunk for several rows. A MoE layer's experts run as three parallel phases in all.
+// chunk for several rows. A MoE layer's experts run as two parallel phases in all.
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -36,7 +37,7 @@ typedef struct cpu_backend {
   const lks__cpu_kernels *k;
   const lks__quant_kernels *qk;  // quantized weights (cpu_quant.c)
   scratch *thread_scratch;  // [n_threads], for widened weight rows and attention scores
-  scratch work[3];          // owner-thread buffers for the expert op
+  scratch work[4];          // owner-thread buffers: the expert op's (0, 1), bias (2), split x (3)
   lks_host_weights host;    // how buf_wrap_host takes host memory (lks_backend_cpu_host_weights)
   bool check_exp0;          // LKS_CHECK_EXP0=1: each quantized product checks its flags
 } cpu_backend;
@@ -264,6 +265,8 @@ static size_t aux_floats(const cpu_backend *c, int64_t K) {
 // tile[t * ldt + (r - r0)] = dot(w row r, x row t) for r in [r0, r1), t < n: the kernels for
 // F32 and BF16, F16 through a widened copy. `wide` holds aux_floats(c, K) floats. Each element is
 // summed in the kernel level's one order, whatever r0, r1 and n (batch invariance).
+// xs (NULL: none): decode's x already split for w's format (split_x), which a quantized w's
+// product reads in place of splitting x itself.
 // next (NULL: not known): the weight whose rows [nr0, nr1) the thread reads next, a hint that
 // decode uses to fetch them ahead (quantized: lks__qweight.next; BF16 and F32 where the level
 // streams rows one at a time: lks__mv_fn's after).
@@ -289,8 +292,8 @@ static void check_exp0(lks_tensor w, int64_t r0, int64_t r1) {
 }
 
 static void mm_tile(const cpu_backend *c, lks_tensor w, int64_t r0, int64_t r1, const float *x,
-                    int64_t ldx, int64_t n, float *tile, int64_t ldt, float *wide,
-                    const lks_tensor *next, int64_t nr0, int64_t nr1) {
+                    const float *xs, int64_t ldx, int64_t n, float *tile, int64_t ldt,
+                    float *wide, const lks_tensor *next, int64_t nr0, int64_t nr1) {
   const lks__cpu_kernels *k = c->k;
   if (w.qs != LKS_Q_NONE) {  // quantized: dequantized in registers (cpu_quant.c), tile[t][r - r0]
     if (c->check_exp0 && w.foff) check_exp0(w, r0, r1);
@@ -302,7 +305,8 @@ static void mm_tile(const cpu_backend *c, lks_tensor w, int64_t r0, int64_t r1, 
       q.next = (const uint8_t *)ptr(*next) + nr0 * next->ld;
       q.next_rows = nr1 - nr0;
     }
-    lks__quant_matmul_rows(c->qk, &q, r0, r1, x, ldx, n, tile - r0, ldt);
+    if (xs) lks__quant_mv(c->qk, &q, r0, r1, xs, tile - r0);
+    else lks__quant_matmul_rows(c->qk, &q, r0, r1, x, ldx, n, tile - r0, ldt);
     return;
   }
   int64_t K = w.cols;
@@ -330,6 +334,26 @@ static void mm_tile(const cpu_backend *c, lks_tensor w, int64_t r0, int64_t r1, 
   }
 }
 
+// p rounded up to a multiple of 64 bytes: each of a split row's vectors in one cache line (the
+// products' loads of x that crossed a line ran 35-50 % slower: cpu_quant.c, split_alloc).
+static float *align64(float *p) { return (float *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
+
+// Decode's activation row split once for all the tasks of a product of w (lks__quant_split),
+// into buf: *xs, or NULL where nothing is split (not one row, not quantized, or a level without
+// the format's grid), and then each task's product splits x itself. Once a job, not once a task:
+// air-1g NVFP4 decode at 2 threads split its rows about 1,400 times a token, 1.3 % of its time.
+static int split_x(cpu_backend *c, lks_tensor w, const float *x, int64_t n, int64_t K,
+                   scratch *buf, const float **xs) {
+  *xs = NULL;
+  int64_t sl = n == 1 && w.qs != LKS_Q_NONE ? lks__quant_split_len(c->qk, w.qs, K) : 0;
+  if (sl <= 0) return 0;
+  LKS_TRY(grow(buf, (size_t)sl + 16));
+  float *p = align64(buf->p);
+  lks__quant_split(c->qk, w.qs, x, K, p);
+  *xs = p;
+  return 0;
+}
+
 // Output rows of the weight per task: about 8 tasks per thread balance uneven progress; at
 // least 16 rows keep a task worth a claim; a multiple of 8, the kernels' block.
 static int64_t rows_per_task(const cpu_backend *c, int64_t rows) {
@@ -346,7 +370,8 @@ static int grow_mm_scratch(cpu_backend *c, int64_t rows, int64_t n, int64_t K) {
 
 typedef struct {
   cpu_backend *c;
-  const float *x;  // [n, K], row stride ldx
+  const float *x;   // [n, K], row stride ldx
+  const float *xs;  // x split for w (split_x), or NULL
   int64_t ldx, n;
   lks_tensor w;
   const float *bias;  // [M] or NULL
@@ -365,7 +390,7 @@ static void mm_task(void *ctx, int task, int thread) {
   // is t, t + n_threads, ... (threadpool.c).
   int64_t n0 = r1 + (j->c->n_threads - 1) * j->per;
   int64_t n1 = n0 + j->per < j->w.rows ? n0 + j->per : j->w.rows;
-  mm_tile(j->c, j->w, r0, r1, j->x, j->ldx, j->n, tile, m, wide, &j->w, n0, n1);
+  mm_tile(j->c, j->w, r0, r1, j->x, j->xs, j->ldx, j->n, tile, m, wide, &j->w, n0, n1);
   for (int64_t t = 0; t < j->n; t++) {
     float *o = j->out + t * j->ldo + r0;
     const float *d = tile + t * m;
@@ -397,6 +422,7 @@ static int cpu_matmul(lks_backend *be, lks_tensor out, lks_tensor x, lks_tensor 
               .accumulate = accumulate};
   j.per = rows_per_task(c, w.rows);
   LKS_TRY(grow_mm_scratch(c, j.per, j.n, x.cols));
+  LKS_TRY(split_x(c, w, j.x, j.n, x.cols, &c->work[3], &j.xs));
   lks_pool_run(c->pool, (int)((w.rows + j.per - 1) / j.per), mm_task, &j);
   return 0;
 }
@@ -592,28 +618,31 @@ static int cpu_route(lks_backend *be, lks_tensor logits, lks_tensor bias,
   return 0;
 }
 
-// Several SwiGLU experts in three parallel phases (backend.h, experts). Phase 1: tasks are
+// Several SwiGLU experts in two parallel phases (backend.h, experts). Phase 1: tasks are
 // (expert, block of intermediate rows): gate and up of the block for the expert's rows, then
 // silu(g) * u into act. Phase 2: tasks are (expert, block of output columns): down of the block
-// for the expert's rows into the expert's own d. Phase 3: tasks are blocks of output columns:
-// each expert's d in order, added into out with the row's weight. Each row's arithmetic is that
-// of one expert call after another, so the result is bitwise that of the expert op called per
-// expert, in order, and does not depend on the batch. A task of phases 1 and 2 streams one
-// block of one expert's weight, long contiguous rows, rather than a short block of every
-// expert's (air-1g decode, 2 threads, the down phase before this: 23 GB/s FP8, 30 BF16).
+// for the expert's rows into the expert's own d; the task that finishes a block of columns last,
+// over all the experts, adds each expert's d of the block in order into out with the row's
+// weight (until 2026-12-07 a third phase, a job of its own: a job's start and end cost more than
+// its sums). Each row's arithmetic is that of one expert call after another, so the result is
+// bitwise that of the expert op called per expert, in order, and does not depend on the batch
+// nor on which thread sums a block. A task streams one block of one expert's weight, long
+// contiguous rows, rather than a short block of every expert's (air-1g decode, 2 threads, the
+// down phase before this: 23 GB/s FP8, 30 BF16).
 typedef struct {
   cpu_backend *c;
   lks_tensor out;
   const lks_expert_call *calls;
   int n_calls;
   const float **xin;   // [n_calls]: the expert's input rows, contiguous ([n, H])
+  const float **xs;    // [n_calls]: xin split for gate and up (split_x), or NULL
   int64_t *ldx;        // [n_calls]
   float **act;         // [n_calls]: [n, I]
   float **d;           // [n_calls]: [n, H], down's output
   int *task0;          // [n_calls + 1]: first phase-1 task of each expert
   int *task2;          // [n_calls + 1]: first phase-2 task of each expert
   int64_t per1, per2;  // rows per task of phase 1 (of I) and phase 2 (of H)
-  int64_t per3;        // columns per task of phase 3
+  atomic_int *left;    // [blocks of per2 columns]: phase 2's tasks of the block not yet done
   int64_t max_n, H;
 } experts_job;
 
@@ -648,12 +677,26 @@ static void experts_up_task(void *ctx, int task, int thread) {
   float *g = j->c->thread_scratch[thread].p, *u = g + j->per1 * j->max_n;
   float *wide = u + j->per1 * j->max_n;
   // What the thread reads next: up's rows after gate's, then the next task's gate rows.
-  mm_tile(j->c, ec->gate, r0, r1, j->xin[e], j->ldx[e], n, g, m, wide, &ec->up, r0, r1);
+  mm_tile(j->c, ec->gate, r0, r1, j->xin[e], j->xs[e], j->ldx[e], n, g, m, wide, &ec->up, r0,
+          r1);
   int64_t n0 = 0, n1 = 0;
   const lks_tensor *next = next_rows(j, j->task0, task, j->per1, &n0, &n1);
-  mm_tile(j->c, ec->up, r0, r1, j->xin[e], j->ldx[e], n, u, m, wide, next, n0, n1);
+  mm_tile(j->c, ec->up, r0, r1, j->xin[e], j->xs[e], j->ldx[e], n, u, m, wide, next, n0, n1);
   for (int64_t t = 0; t < n; t++)  // as a matmul without bias: -0 counts as +0 (cpu_math.h)
     lks__silu_mul(g + t * m, u + t * m, j->act[e] + t * I + r0, m);
+}
+
+// Columns [c0, c1) of out: each expert's d added in order with its rows' weights.
+static void experts_sum(const experts_job *j, int64_t c0, int64_t c1) {
+  for (int e = 0; e < j->n_calls; e++) {
+    const lks_expert_call *ec = &j->calls[e];
+    for (int64_t t = 0; t < ec->n; t++) {
+      float *o = row_f32(j->out, ec->rows ? ec->rows[t] : t);
+      float w = ec->weights ? ec->weights[t] : 1.0f;
+      const float *dt = j->d[e] + t * j->H;
+      for (int64_t k = c0; k < c1; k++) o[k] += w * (dt[k] + 0.0f);
+    }
+  }
 }
 
 static void experts_down_task(void *ctx, int task, int thread) {
@@ -665,23 +708,48 @@ static void experts_down_task(void *ctx, int task, int thread) {
   float *wide = j->c->thread_scratch[thread].p;
   int64_t n0 = 0, n1 = 0;
   const lks_tensor *next = next_rows(j, j->task2, task, j->per2, &n0, &n1);
-  mm_tile(j->c, ec->down, c0, c1, j->act[e], ec->gate.rows, ec->n, j->d[e] + c0, j->H, wide,
-          next, n0, n1);
+  mm_tile(j->c, ec->down, c0, c1, j->act[e], NULL, ec->gate.rows, ec->n, j->d[e] + c0, j->H,
+          wide, next, n0, n1);
+  // The block's last task sums it: acquire and release, so that it reads every expert's d.
+  if (atomic_fetch_sub_explicit(&j->left[c0 / j->per2], 1, memory_order_acq_rel) == 1)
+    experts_sum(j, c0, c1);
 }
 
-static void experts_sum_task(void *ctx, int task, int thread) {
-  (void)thread;
-  experts_job *j = ctx;
-  int64_t c0 = (int64_t)task * j->per3, c1 = c0 + j->per3 < j->H ? c0 + j->per3 : j->H;
-  for (int e = 0; e < j->n_calls; e++) {
-    const lks_expert_call *ec = &j->calls[e];
-    for (int64_t t = 0; t < ec->n; t++) {
-      float *o = row_f32(j->out, ec->rows ? ec->rows[t] : t);
-      float w = ec->weights ? ec->weights[t] : 1.0f;
-      const float *dt = j->d[e] + t * j->H;
-      for (int64_t k = c0; k < c1; k++) o[k] += w * (dt[k] + 0.0f);
-    }
+// Decode (one row an expert): each expert's input row (xin[e]) split once for its gate and up
+// products (split_x) where the two have one format, into xs[e] (NULL: not split, each task splits
+// it); one split serves the experts that read the same row of x in the same format.
+static int64_t expert_split_len(const cpu_backend *c, const lks_expert_call *ec, int64_t max_n,
+                                int64_t H) {
+  bool one = max_n == 1 && ec->n == 1 && ec->gate.qs == ec->up.qs;
+  int64_t sl = one ? lks__quant_split_len(c->qk, ec->gate.qs, H) : 0;
+  return sl > 0 ? sl : 0;
+}
+
+static int split_inputs(cpu_backend *c, const lks_expert_call *calls, int n_calls, int64_t max_n,
+                        int64_t H, const float *const *xin, const float **xs) {
+  size_t total = 0;
+  for (int e = 0; e < n_calls; e++) {
+    xs[e] = NULL;
+    total += (size_t)expert_split_len(c, &calls[e], max_n, H);
   }
+  if (total == 0) return 0;
+  LKS_TRY(grow(&c->work[3], total + 16 * (size_t)n_calls));  // + the rounding up of each
+  float *p = align64(c->work[3].p);
+  for (int e = 0, prev = -1; e < n_calls; e++) {
+    const lks_expert_call *ec = &calls[e], *pc = prev >= 0 ? &calls[prev] : NULL;
+    int64_t sl = expert_split_len(c, ec, max_n, H);
+    if (sl == 0) continue;
+    if (pc && pc->gate.qs == ec->gate.qs &&
+        (pc->rows ? pc->rows[0] : 0) == (ec->rows ? ec->rows[0] : 0)) {
+      xs[e] = xs[prev];
+    } else {
+      lks__quant_split(c->qk, ec->gate.qs, xin[e], H, p);
+      xs[e] = p;
+      p = align64(p + sl);
+    }
+    prev = e;
+  }
+  return 0;
 }
 
 static int cpu_experts(lks_backend *be, lks_tensor out, lks_tensor x, const lks_expert_call *calls,
@@ -716,8 +784,9 @@ static int cpu_experts(lks_backend *be, lks_tensor out, lks_tensor x, const lks_
     if (I > max_k) max_k = I;
   }
   if (max_n == 0) return 0;
-  // xin, ldx, act, d: 8 bytes an expert; task0, task2: 4 bytes an expert and one more.
-  size_t meta_bytes = (size_t)n_calls * 40 + 8;
+  // xin, ldx, act, d, xs: 8 bytes an expert; task0, task2: 4 bytes an expert and one more;
+  // left: 4 bytes a block of columns (at most H).
+  size_t meta_bytes = (size_t)n_calls * 48 + 8 + (size_t)H * sizeof(atomic_int);
   LKS_TRY(grow(&c->work[0], n_x + n_act + n_d));
   LKS_TRY(grow(&c->work[1], meta_bytes / sizeof(float)));
   char *mp = (char *)c->work[1].p;
@@ -726,7 +795,8 @@ static int cpu_experts(lks_backend *be, lks_tensor out, lks_tensor x, const lks_
   j.ldx = (int64_t *)(mp + (size_t)n_calls * 8);
   j.act = (float **)(mp + (size_t)n_calls * 16);
   j.d = (float **)(mp + (size_t)n_calls * 24);
-  j.task0 = (int *)(mp + (size_t)n_calls * 32);
+  j.xs = (const float **)(mp + (size_t)n_calls * 32);
+  j.task0 = (int *)(mp + (size_t)n_calls * 40);
   j.task2 = j.task0 + n_calls + 1;
   float *xp = c->work[0].p, *ap = xp + n_x, *dp = ap + n_act;
   for (int e = 0; e < n_calls; e++) {
@@ -746,6 +816,7 @@ static int cpu_experts(lks_backend *be, lks_tensor out, lks_tensor x, const lks_
     j.d[e] = dp;
     dp += ec->n * H;
   }
+  LKS_TRY(split_inputs(c, calls, n_calls, max_n, H, j.xin, j.xs));
   // Phase 1: blocks of intermediate rows, enough of them over all experts to balance.
   int64_t total_i = 0;
   for (int e = 0; e < n_calls; e++) total_i += calls[e].n ? calls[e].gate.rows : 0;
@@ -763,13 +834,13 @@ static int cpu_experts(lks_backend *be, lks_tensor out, lks_tensor x, const lks_
   j.task2[0] = 0;
   for (int e = 0; e < n_calls; e++)
     j.task2[e + 1] = j.task2[e] + (calls[e].n ? (int)((H + j.per2 - 1) / j.per2) : 0);
-  // Phase 3: a block of columns a thread (the same work per column).
-  j.per3 = (H + c->n_threads - 1) / c->n_threads;
-  j.per3 = (j.per3 + 15) / 16 * 16;
+  int n_active = 0, n_blocks = (int)((H + j.per2 - 1) / j.per2);
+  for (int e = 0; e < n_calls; e++) n_active += calls[e].n > 0;
+  j.left = (atomic_int *)(j.task2 + n_calls + 1);
+  for (int b = 0; b < n_blocks; b++) atomic_init(&j.left[b], n_active);
   LKS_TRY(grow_thread_scratch(c, (size_t)(2 * j.per1 * max_n) + aux_floats(c, max_k)));
   lks_pool_run(c->pool, j.task0[n_calls], experts_up_task, &j);
   lks_pool_run(c->pool, j.task2[n_calls], experts_down_task, &j);
-  lks_pool_run(c->pool, (int)((H + j.per3 - 1) / j.per3), experts_sum_task, &j);
   return 0;
 }
 
@@ -796,7 +867,7 @@ static void cpu_free(lks_backend *be) {
   lks_pool_free(c->pool);
   for (int t = 0; c->thread_scratch && t < c->n_threads; t++) free(c->thread_scratch[t].p);
   free(c->thread_scratch);
-  for (int i = 0; i < 3; i++) free(c->work[i].p);
+  for (int i = 0; i < 4; i++) free(c->work[i].p);
   free(c);
 }
 

@@ -152,16 +152,29 @@ static const lks__quant_kernels q_scalar = {.name = "scalar", .fp8 = fp8_scalar,
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
+// A buffer the caller frees for n split rows of sl floats, row t at t * *stride floats: each
+// row at a multiple of 64 bytes, so that none of the kernels' 64-byte loads of x crosses a cache
+// line. Decode's product with x split 16 bytes off a line, one thread, in cache, medians of 41:
+// NVFP4 1024 x 1024 24.0 -> 15.0 G weights/s, 2976 x 352 17.7 -> 11.5; FP8 blocks 18.9 -> 11.7
+// and 16.9 -> 11.0 (malloc's buffers of this size sit 16 bytes past a page). air-1g prefill of
+// 256, 2 threads, four alternated rounds, medians: NVFP4 210.9 -> 224.4 tokens/s, FP8 blocks
+// 183.6 -> 242.1.
+static float *split_alloc(int64_t n, int64_t sl, int64_t *stride) {
+  *stride = (sl + 15) / 16 * 16;
+  return aligned_alloc(64, (size_t)(n * *stride) * sizeof(float));
+}
+
 // The kernels on x as it is (tests, kernel_bench): x's nx rows split here into a buffer the
 // caller frees, xs[t] pointing at row t (NULL without the memory: a few pages, unreachable in
 // practice; the portable kernel needs none). The products split each row once for many weight
 // rows instead.
 static float *split_rows(lks__qsplit_fn split, int64_t sl, const float *const *x, int nx,
                          int64_t K, const float **xs) {
-  float *buf = malloc((size_t)(nx * sl) * sizeof *buf);
+  int64_t ls;
+  float *buf = split_alloc(nx, sl, &ls);
   for (int t = 0; buf && t < nx; t++) {
-    split(x[t], K, buf + t * sl);
-    xs[t] = buf + t * sl;
+    split(x[t], K, buf + t * ls);
+    xs[t] = buf + t * ls;
   }
   return buf;
 }
@@ -1270,10 +1283,10 @@ static void quant_rows_blocked(const lks__quant_kernels *k, const lks__qweight *
   const lks__qsplit_fn splitter = nv ? k->nvfp4_split : k->fp8_split;
   const int64_t sl = nv ? lks__nvfp4_split_len(K) : lks__fp8_split_len(K);
   const bool whole = n * sl <= ((int64_t)8 << 20) / (int64_t)sizeof(float);
-  float *split =
-      splitter ? malloc((size_t)((whole ? n : LKS__QROWS) * sl) * sizeof *split) : NULL;
+  int64_t ls = 0;  // split rows' stride
+  float *split = splitter ? split_alloc(whole ? n : LKS__QROWS, sl, &ls) : NULL;
   const bool grid = split != NULL;
-  for (int64_t t = 0; grid && whole && t < n; t++) splitter(x + t * ldx, K, split + t * sl);
+  for (int64_t t = 0; grid && whole && t < n; t++) splitter(x + t * ldx, K, split + t * ls);
   const int64_t pf = row_bytes >= 8192 ? 1 : 8192 / (row_bytes > 0 ? row_bytes : 1);
   const int gx = grid && K >= 512 && k->group_rows ? k->group_rows : LKS__QROWS;
   for (int64_t b0 = r0; b0 < r1; b0 += rb) {
@@ -1284,10 +1297,10 @@ static void quant_rows_blocked(const lks__quant_kernels *k, const lks__qweight *
       for (int i = 0; i < nx; i++) {
         xs[i] = x + (t0 + i) * ldx;
         if (grid && whole) {
-          xs[i] = split + (t0 + i) * sl;
+          xs[i] = split + (t0 + i) * ls;
         } else if (split) {
-          splitter(xs[i], K, split + i * sl);
-          xs[i] = split + i * sl;
+          splitter(xs[i], K, split + i * ls);
+          xs[i] = split + i * ls;
         }
       }
       const int64_t rw = grid ? LKS__QGRID / nx : 1;
@@ -1315,6 +1328,66 @@ static void quant_rows_blocked(const lks__quant_kernels *k, const lks__qweight *
   free(split);
 }
 
+// Decode's distance ahead, in rows, of the rows fetched as a row is read (and twice as far):
+// about 8 KB, and at least `step`, the rows a call reads.
+//
+// One row's codes streamed at a time had too few loads in flight to keep memory busy: the row
+// about 8 KB ahead is fetched as each row starts (air-1g decode on this 2-core host, medians:
+// FP8 rows of 1 KB 0 -> 8 rows ahead 135-142 -> 155-162 tokens/s, NVFP4 rows of 512 B 0 -> 16
+// rows ahead 124-138 -> 154-177). A hint: past the task's rows, the rows the caller says it
+// reads next (lks__qweight.next: the next expert's rows, the thread's likely next task), else
+// nothing: each product then starts with its first rows in flight, not cold (air-1g decode, 2
+// threads, seven alternated rounds: FP8 blocks median 143.5 -> 157.6 tokens/s, 5 of 7 rounds
+// faster; NVFP4 170.2 -> 174.3, within this host's noise). Where the grids fetch it
+// themselves (AVX2, AVX-512), a line each 64 bytes they read, the burst of a row's lines at
+// once is not issued: 134 M FP8 weights out of cache, one
+// thread, six alternated runs of build/kernel_bench 131072 1024: 8.3-10.2 -> 6.4-7.8 ms
+// (NVFP4 4.6-6.9 -> 4.7-6.0; air-1g FP8 decode at 2 threads, eight alternated rounds,
+// medians 134 -> 141 tokens/s, within this host's noise).
+// AVX-512: x split once for the call's rows, then LKS__QGRID weight rows a call (FP8,
+// fp8_avx512_g: air-1g FP8 decode, 2 threads, three alternated rounds 121-146 -> 140-172
+// tokens/s; 1 thread 77-88 -> 94-124. NVFP4, nvfp4_avx512_g against four rows a call of the
+// kernel that scaled each weight: four alternated rounds 125-134 -> 148-180). Before the
+// grids, four weight rows a call against one had been +10 % (FP8) and +19 % (NVFP4).
+// Levels without grids (portable, NEON): one row at a time.
+//
+// At least a call's rows ahead: with rows over 2 KB (FP8 at K = 4096, GLM-4.5-Air's hidden
+// size) 8 KB is fewer rows than a call reads, and the fetch fell on rows the call was reading
+// already. Out of cache, one thread, FP8 blocks, two alternated runs: K = 4096 12.3-14.1 ->
+// 20.9-23.1 G weights/s, K = 2736 14.8-15.4 -> 22.5-23.5 (NVFP4 at K = 4096, 2 KB rows, four
+// rows ahead already: 23-26).
+// And the rows twice as far ahead into L2 only (prefetcht1, ahead[LKS__QGRID + i]): on a
+// host whose memory answered slowly (2026-12-06), 131072 NVFP4 rows of 1024 out of cache, one
+// thread, 15 -> 22 G weights/s; air-1g decode, three alternated rounds, 2 threads: FP8 blocks
+// 83-99 -> 131-163 tokens/s, NVFP4 125-138 -> 142-167; 1 thread, two rounds: FP8 50-53 ->
+// 92-99, NVFP4 70-87 -> 81-103. Fetched into L1 instead, they gained nothing (FP8 2 threads
+// 96-105 against 154-172).
+static int64_t decode_ahead(const lks__qweight *w, int64_t step) {
+  const int64_t row_bytes = w->qs == LKS_Q_NVFP4 ? w->cols / 2 : w->cols;
+  int64_t pf = row_bytes >= 8192 ? 1 : 8192 / (row_bytes > 0 ? row_bytes : 1);
+  return pf < step ? step : pf;
+}
+
+int64_t lks__quant_split_len(const lks__quant_kernels *k, lks_qscheme qs, int64_t K) {
+  switch (qs) {
+    case LKS_Q_NVFP4: return k->nvfp4_mv ? lks__nvfp4_split_len(K) : 0;
+    case LKS_Q_FP8_ROW:
+    case LKS_Q_FP8_BLOCK: return k->fp8_mv ? lks__fp8_split_len(K) : 0;
+    default: return 0;
+  }
+}
+
+void lks__quant_split(const lks__quant_kernels *k, lks_qscheme qs, const float *x, int64_t K,
+                      float *xs) {
+  (qs == LKS_Q_NVFP4 ? k->nvfp4_split : k->fp8_split)(x, K, xs);
+}
+
+void lks__quant_mv(const lks__quant_kernels *k, const lks__qweight *w, int64_t r0, int64_t r1,
+                   const float *xs, float *out) {
+  (w->qs == LKS_Q_NVFP4 ? k->nvfp4_mv : k->fp8_mv)(w, r0, r1, decode_ahead(w, LKS__QGRID), xs,
+                                                    out + r0);
+}
+
 void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, int64_t r0,
                             int64_t r1, const float *x, int64_t ldx, int64_t n, float *out,
                             int64_t ldo) {
@@ -1329,57 +1402,23 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
     quant_rows_blocked(k, w, r0, r1, x, ldx, n, out, ldo);
     return;
   }
-  // Decode (one activation row) from here on.
-  // One row's codes streamed at a time had too few loads in flight to keep memory busy: the row
-  // about 8 KB ahead is fetched as each row starts (air-1g decode on this 2-core host, medians:
-  // FP8 rows of 1 KB 0 -> 8 rows ahead 135-142 -> 155-162 tokens/s, NVFP4 rows of 512 B 0 -> 16
-  // rows ahead 124-138 -> 154-177). A hint: past the task's rows, the rows the caller says it
-  // reads next (lks__qweight.next: the next expert's rows, the thread's likely next task), else
-  // nothing: each product then starts with its first rows in flight, not cold (air-1g decode, 2
-  // threads, seven alternated rounds: FP8 blocks median 143.5 -> 157.6 tokens/s, 5 of 7 rounds
-  // faster; NVFP4 170.2 -> 174.3, within this host's noise). Where the grids fetch it
-  // themselves (AVX2, AVX-512), a line each 64 bytes they read, the burst of a row's lines at
-  // once is not issued: 134 M FP8 weights out of cache, one
-  // thread, six alternated runs of build/kernel_bench 131072 1024: 8.3-10.2 -> 6.4-7.8 ms
-  // (NVFP4 4.6-6.9 -> 4.7-6.0; air-1g FP8 decode at 2 threads, eight alternated rounds,
-  // medians 134 -> 141 tokens/s, within this host's noise).
-  // AVX-512: x split once for the call's rows, then LKS__QGRID weight rows a call (FP8,
-  // fp8_avx512_g: air-1g FP8 decode, 2 threads, three alternated rounds 121-146 -> 140-172
-  // tokens/s; 1 thread 77-88 -> 94-124. NVFP4, nvfp4_avx512_g against four rows a call of the
-  // kernel that scaled each weight: four alternated rounds 125-134 -> 148-180). Before the
-  // grids, four weight rows a call against one had been +10 % (FP8) and +19 % (NVFP4).
-  // Levels without grids (portable, NEON): one row at a time.
-  const bool grid = nv ? k->nvfp4_grid != NULL : k->fp8_grid != NULL;  // LKS__QGRID rows by one
-  const int64_t step = grid ? LKS__QGRID : 1;
-  // At least a call's rows ahead: with rows over 2 KB (FP8 at K = 4096, GLM-4.5-Air's hidden
-  // size) 8 KB is fewer rows than a call reads, and the fetch fell on rows the call was reading
-  // already. Out of cache, one thread, FP8 blocks, two alternated runs: K = 4096 12.3-14.1 ->
-  // 20.9-23.1 G weights/s, K = 2736 14.8-15.4 -> 22.5-23.5 (NVFP4 at K = 4096, 2 KB rows, four
-  // rows ahead already: 23-26).
-  // And the rows twice as far ahead into L2 only (prefetcht1, ahead[LKS__QGRID + i]): on a
-  // host whose memory answered slowly (2026-12-06), 131072 NVFP4 rows of 1024 out of cache, one
-  // thread, 15 -> 22 G weights/s; air-1g decode, three alternated rounds, 2 threads: FP8 blocks
-  // 83-99 -> 131-163 tokens/s, NVFP4 125-138 -> 142-167; 1 thread, two rounds: FP8 50-53 ->
-  // 92-99, NVFP4 70-87 -> 81-103. Fetched into L1 instead, they gained nothing (FP8 2 threads
-  // 96-105 against 154-172).
-  const int64_t row_bytes = nv ? K / 2 : K;
-  int64_t pf = row_bytes >= 8192 ? 1 : 8192 / (row_bytes > 0 ? row_bytes : 1);
-  if (pf < step) pf = step;
-  // Where the level splits x: once for the product's rows, on the stack up to GLM's widths,
-  // else on the heap (rows of over 8 KB: the copy is small beside them).
-  float stack_xs[16384 + 32], *heap_xs = NULL;
-  if (grid) {
-    int64_t sl = nv ? lks__nvfp4_split_len(K) : lks__fp8_split_len(K);
-    float *buf = sl <= (int64_t)(sizeof stack_xs / sizeof *stack_xs)
-                     ? stack_xs
-                     : (heap_xs = malloc((size_t)sl * sizeof *heap_xs));
-    if (buf) {
-      (nv ? k->nvfp4_split : k->fp8_split)(x, K, buf);
-      (nv ? k->nvfp4_mv : k->fp8_mv)(w, r0, r1, pf, buf, out + r0);
-      free(heap_xs);
-      return;
-    }
+  // Decode (one activation row) from here on: where the level has the format's grids, x split
+  // once for the task's rows (on the stack up to GLM's widths, else on the heap: rows of over
+  // 8 KB, the copy small beside them) and lks__quant_mv.
+  const int64_t sl = lks__quant_split_len(k, w->qs, K);
+  _Alignas(64) float stack_xs[16384 + 32];  // aligned as split_alloc's rows
+  float *heap_xs = NULL;
+  float *buf = sl <= 0 ? NULL
+               : sl <= (int64_t)(sizeof stack_xs / sizeof *stack_xs)
+                   ? stack_xs
+                   : (heap_xs = aligned_alloc(64, (size_t)(sl + 15) / 16 * 64));
+  if (buf) {
+    lks__quant_split(k, w->qs, x, K, buf);
+    lks__quant_mv(k, w, r0, r1, buf, out);
+    free(heap_xs);
+    return;
   }
+  const int64_t pf = decode_ahead(w, 1), row_bytes = nv ? K / 2 : K;
   // Levels without grids, or without the memory for the split: one row at a time, the rows pf
   // and 2 pf ahead fetched as it starts.
   for (int64_t r = r0; r < r1; r++) {

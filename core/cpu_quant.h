@@ -112,6 +112,16 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
                             int64_t r1, const float *x, int64_t ldx, int64_t n, float *out,
                             int64_t ldo);
 
+// Decode's product in two parts, so that a job of many tasks splits its activation row once:
+// lks__quant_split_len(k, qs, K) floats (0: the level has no grid for the format, and decode goes
+// through lks__quant_matmul_rows), lks__quant_split writes x split into them, and lks__quant_mv
+// writes out[r] for r in [r0, r1), bit for bit what lks__quant_matmul_rows gives for one row.
+int64_t lks__quant_split_len(const lks__quant_kernels *k, lks_qscheme qs, int64_t K);
+void lks__quant_split(const lks__quant_kernels *k, lks_qscheme qs, const float *x, int64_t K,
+                      float *xs);
+void lks__quant_mv(const lks__quant_kernels *k, const lks__qweight *w, int64_t r0, int64_t r1,
+                   const float *xs, float *out);
+
 // Row r of w dequantized to f32: dst[c] = the value the dot kernels multiply by x[c], each one
 // rounding of e4m3(code) * scale (FP8) or e2m1(code) * e4m3(scale) * global (NVFP4) away from
 // it. For ops that read a weight as a matrix rather than through a product (MLA's absorbed kv_b).
