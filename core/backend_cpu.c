@@ -37,9 +37,15 @@ typedef struct cpu_backend {
   const lks__cpu_kernels *k;
   const lks__quant_kernels *qk;  // quantized weights (cpu_quant.c)
   scratch *thread_scratch;  // [n_threads], for widened weight rows and attention scores
-  scratch work[4];          // owner-thread buffers: the expert op's (0, 1), bias (2), split x (3)
+  scratch work[3];          // owner-thread buffers: the expert op's (0, 1), split x (2)
   lks_host_weights host;    // how buf_wrap_host takes host memory (lks_backend_cpu_host_weights)
   bool check_exp0;          // LKS_CHECK_EXP0=1: each quantized product checks its flags
+  struct {  // the rotation of the last position cpu_rope computed (rope_angles)
+    float theta;
+    int rot;
+    int32_t pos;  // -1: none
+    scratch buf;  // cos of the rot / 2 pairs, then their sin
+  } rope;
 } cpu_backend;
 
 static int grow(scratch *s, size_t n) {
@@ -160,22 +166,27 @@ static int cpu_from_host(lks_backend *be, lks_buf *dst, size_t off, const void *
 
 // ---- element-wise ops ----
 
-static void load_row_f32(lks_tensor t, int64_t r, float *dst) {
-  const char *p = (const char *)ptr(t) + (size_t)(r * t.ld) * lks_dtype_size(t.dtype);
+// Columns [c0, c1) of row r of t as f32.
+static void load_f32(lks_tensor t, int64_t r, int64_t c0, int64_t c1, float *dst) {
+  const size_t es = lks_dtype_size(t.dtype);
+  const char *p = (const char *)ptr(t) + (size_t)(r * t.ld + c0) * es;
+  const int64_t n = c1 - c0;
   switch (t.dtype) {
     case LKS_F32:
-      memcpy(dst, p, (size_t)t.cols * 4);
+      memcpy(dst, p, (size_t)n * 4);
       break;
     case LKS_BF16:
-      for (int64_t i = 0; i < t.cols; i++) dst[i] = lks_bf16_to_f32(((const uint16_t *)p)[i]);
+      for (int64_t i = 0; i < n; i++) dst[i] = lks_bf16_to_f32(((const uint16_t *)p)[i]);
       break;
     case LKS_F16:
-      for (int64_t i = 0; i < t.cols; i++) dst[i] = lks_f16_to_f32(((const uint16_t *)p)[i]);
+      for (int64_t i = 0; i < n; i++) dst[i] = lks_f16_to_f32(((const uint16_t *)p)[i]);
       break;
     default:
-      memset(dst, 0, (size_t)t.cols * 4);
+      memset(dst, 0, (size_t)n * 4);
   }
 }
+
+static void load_row_f32(lks_tensor t, int64_t r, float *dst) { load_f32(t, r, 0, t.cols, dst); }
 
 static int cpu_embed(lks_backend *be, lks_tensor out, lks_tensor table, const int32_t *ids) {
   (void)be;
@@ -188,6 +199,9 @@ static int cpu_embed(lks_backend *be, lks_tensor out, lks_tensor table, const in
   return 0;
 }
 
+// The sum of squares in double, in 8 running sums (column i in sum i % 8) added pairwise at the
+// end: one sum had each add wait on the last, about 1.2 us a row of 1024 on this host (25 rows
+// a decoded token of air-1g).
 static int cpu_rmsnorm(lks_backend *be, lks_tensor out, lks_tensor x, lks_tensor w, float eps) {
   cpu_backend *c = (cpu_backend *)be;
   LKS_TRY(grow(&c->work[0], (size_t)w.cols));
@@ -196,25 +210,43 @@ static int cpu_rmsnorm(lks_backend *be, lks_tensor out, lks_tensor x, lks_tensor
   for (int64_t r = 0; r < x.rows; r++) {
     const float *xr = row_f32(x, r);
     float *o = row_f32(out, r);
-    double ss = 0;
-    for (int64_t i = 0; i < x.cols; i++) ss += (double)xr[i] * xr[i];
-    float inv = (float)(1.0 / sqrt(ss / (double)x.cols + eps));
-    for (int64_t i = 0; i < x.cols; i++) o[i] = wf[i] * (xr[i] * inv);
+    double ss[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= x.cols; i += 8)
+      for (int k = 0; k < 8; k++) ss[k] += (double)xr[i + k] * xr[i + k];
+    for (int k = 0; i < x.cols; i++, k++) ss[k] += (double)xr[i] * xr[i];
+    double sum = ((ss[0] + ss[4]) + (ss[2] + ss[6])) + ((ss[1] + ss[5]) + (ss[3] + ss[7]));
+    float inv = (float)(1.0 / sqrt(sum / (double)x.cols + eps));
+    for (i = 0; i < x.cols; i++) o[i] = wf[i] * (xr[i] * inv);
   }
+  return 0;
+}
+
+// The rotation of position p, pair j by p * theta^(-2j / rot) radians: cos and sin of the
+// rot / 2 pairs, cached for the next call of the same position (all but the first of a decoded
+// token's 2 x layers calls, each of which computed its rot / 2 powers, cosines and sines).
+static int rope_angles(cpu_backend *c, float theta, int rot, int32_t p) {
+  if (c->rope.pos == p && c->rope.theta == theta && c->rope.rot == rot) return 0;
+  LKS_TRY(grow(&c->rope.buf, (size_t)rot));
+  for (int j = 0; j < rot / 2; j++) {
+    double ang = (double)p * pow((double)theta, -2.0 * j / rot);
+    c->rope.buf.p[j] = (float)cos(ang);
+    c->rope.buf.p[rot / 2 + j] = (float)sin(ang);
+  }
+  c->rope.theta = theta, c->rope.rot = rot, c->rope.pos = p;
   return 0;
 }
 
 static int cpu_rope(lks_backend *be, lks_tensor x, int head_dim, int rot, float theta,
                     lks_rope_layout layout, const int32_t *pos) {
-  (void)be;
+  cpu_backend *c = (cpu_backend *)be;
   int heads = (int)(x.cols / head_dim);
   int half = rot / 2;
   for (int64_t r = 0; r < x.rows; r++) {
     float *xr = row_f32(x, r);
+    LKS_TRY(rope_angles(c, theta, rot, pos[r]));
     for (int j = 0; j < half; j++) {
-      double freq = pow((double)theta, -2.0 * j / rot);
-      double ang = (double)pos[r] * freq;
-      float cs = (float)cos(ang), sn = (float)sin(ang);
+      float cs = c->rope.buf.p[j], sn = c->rope.buf.p[half + j];
       for (int h = 0; h < heads; h++) {
         float *v = xr + h * head_dim;
         int a = layout == LKS_ROPE_HALF_SPLIT ? j : 2 * j;
@@ -374,8 +406,8 @@ typedef struct {
   const float *xs;  // x split for w (split_x), or NULL
   int64_t ldx, n;
   lks_tensor w;
-  const float *bias;  // [M] or NULL
-  float *out;         // [n, M], row stride ldo
+  lks_tensor bias;  // [1, M] (buf NULL: none), converted to f32 by each task for its rows
+  float *out;       // [n, M], row stride ldo
   int64_t ldo;
   bool accumulate;
   int64_t per;  // weight rows per task
@@ -391,12 +423,15 @@ static void mm_task(void *ctx, int task, int thread) {
   int64_t n0 = r1 + (j->c->n_threads - 1) * j->per;
   int64_t n1 = n0 + j->per < j->w.rows ? n0 + j->per : j->w.rows;
   mm_tile(j->c, j->w, r0, r1, j->x, j->xs, j->ldx, j->n, tile, m, wide, &j->w, n0, n1);
-  for (int64_t t = 0; t < j->n; t++) {
-    float *o = j->out + t * j->ldo + r0;
-    const float *d = tile + t * m;
-    for (int64_t r = 0; r < m; r++) {
-      float b = j->bias ? j->bias[r0 + r] : 0.0f;
-      o[r] = j->accumulate ? o[r] + d[r] + b : d[r] + b;
+  float b[256];
+  for (int64_t a = 0; a < m; a += 256) {  // the bias in runs of 256 rows
+    const int64_t e = m - a < 256 ? m - a : 256;
+    if (j->bias.buf) load_f32(j->bias, 0, r0 + a, r0 + a + e, b);
+    else memset(b, 0, sizeof b);
+    for (int64_t t = 0; t < j->n; t++) {
+      float *o = j->out + t * j->ldo + r0 + a;
+      const float *d = tile + t * m + a;
+      for (int64_t r = 0; r < e; r++) o[r] = j->accumulate ? o[r] + d[r] + b[r] : d[r] + b[r];
     }
   }
 }
@@ -405,24 +440,21 @@ static int cpu_matmul(lks_backend *be, lks_tensor out, lks_tensor x, lks_tensor 
                       bool accumulate) {
   cpu_backend *c = (cpu_backend *)be;
   LKS_TRY(lks_matmul_check(out, x, w));
-  float *bf = NULL;
-  if (bias.buf) {
-    LKS_TRY(grow(&c->work[2], (size_t)bias.cols));
-    bf = c->work[2].p;
-    load_row_f32(bias, 0, bf);
-  }
+  if (bias.buf && bias.cols < w.rows)
+    return lks_set_error(LKS_ESHAPE, "matmul: bias of %lld for %lld rows", (long long)bias.cols,
+                         (long long)w.rows);
   mm_job j = {.c = c,
               .x = ptr(x),
               .ldx = x.ld,
               .n = x.rows,
               .w = w,
-              .bias = bf,
+              .bias = bias,
               .out = ptr(out),
               .ldo = out.ld,
               .accumulate = accumulate};
   j.per = rows_per_task(c, w.rows);
   LKS_TRY(grow_mm_scratch(c, j.per, j.n, x.cols));
-  LKS_TRY(split_x(c, w, j.x, j.n, x.cols, &c->work[3], &j.xs));
+  LKS_TRY(split_x(c, w, j.x, j.n, x.cols, &c->work[2], &j.xs));
   lks_pool_run(c->pool, (int)((w.rows + j.per - 1) / j.per), mm_task, &j);
   return 0;
 }
@@ -733,8 +765,8 @@ static int split_inputs(cpu_backend *c, const lks_expert_call *calls, int n_call
     total += (size_t)expert_split_len(c, &calls[e], max_n, H);
   }
   if (total == 0) return 0;
-  LKS_TRY(grow(&c->work[3], total + 16 * (size_t)n_calls));  // + the rounding up of each
-  float *p = align64(c->work[3].p);
+  LKS_TRY(grow(&c->work[2], total + 16 * (size_t)n_calls));  // + the rounding up of each
+  float *p = align64(c->work[2].p);
   for (int e = 0, prev = -1; e < n_calls; e++) {
     const lks_expert_call *ec = &calls[e], *pc = prev >= 0 ? &calls[prev] : NULL;
     int64_t sl = expert_split_len(c, ec, max_n, H);
@@ -801,7 +833,10 @@ static int cpu_experts(lks_backend *be, lks_tensor out, lks_tensor x, const lks_
   float *xp = c->work[0].p, *ap = xp + n_x, *dp = ap + n_act;
   for (int e = 0; e < n_calls; e++) {
     const lks_expert_call *ec = &calls[e];
-    if (ec->rows) {  // gather (decode: one row, a copy of H floats)
+    if (ec->rows && expert_split_len(c, ec, max_n, H) > 0) {  // split_inputs reads it in place
+      j.xin[e] = row_f32(x, ec->rows[0]);
+      j.ldx[e] = x.ld;
+    } else if (ec->rows) {  // gather (decode: one row, a copy of H floats)
       for (int t = 0; t < ec->n; t++)
         memcpy(xp + t * H, row_f32(x, ec->rows[t]), (size_t)H * sizeof(float));
       j.xin[e] = xp;
@@ -867,7 +902,8 @@ static void cpu_free(lks_backend *be) {
   lks_pool_free(c->pool);
   for (int t = 0; c->thread_scratch && t < c->n_threads; t++) free(c->thread_scratch[t].p);
   free(c->thread_scratch);
-  for (int i = 0; i < 4; i++) free(c->work[i].p);
+  for (int i = 0; i < 3; i++) free(c->work[i].p);
+  free(c->rope.buf.p);
   free(c);
 }
 
@@ -915,6 +951,7 @@ lks_backend *lks__backend_cpu_new(int threads) {
   c->qk = lks__quant_kernels_best();
   const char *ce = getenv("LKS_CHECK_EXP0");
   c->check_exp0 = ce && strcmp(ce, "1") == 0;
+  c->rope.pos = -1;
   c->thread_scratch = calloc((size_t)threads, sizeof *c->thread_scratch);
   c->pool = lks_pool_new(threads);
   if (!c->thread_scratch || !c->pool) {
