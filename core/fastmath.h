@@ -32,7 +32,17 @@
 #define LKS_VECTORIZE_NO_CONTRACT \
   __attribute__((optimize("tree-vectorize", "fp-contract=off", "no-tree-pre")))
 #endif
-#if defined(__x86_64__)
+// Not under ThreadSanitizer: the clones' ifunc resolvers run, instrumented, before its runtime
+// starts, and the process crashed loading (clang 14, -fsanitize=thread).
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define LKS_NO_CLONES 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define LKS_NO_CLONES 1
+#endif
+#if defined(__x86_64__) && !defined(LKS_NO_CLONES)
 #define LKS_WIDE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define LKS_WIDE_CLONES
