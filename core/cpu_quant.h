@@ -116,6 +116,8 @@ void lks__quant_matmul_rows(const lks__quant_kernels *k, const lks__qweight *w, 
 // lks__quant_split_len(k, qs, K) floats (0: the level has no grid for the format, and decode goes
 // through lks__quant_matmul_rows), lks__quant_split writes x split into them, and lks__quant_mv
 // writes out[r] for r in [r0, r1), bit for bit what lks__quant_matmul_rows gives for one row.
+// xs is best 64-byte aligned: the kernels' loads of it that crossed a cache line made decode's
+// products 35-50 % slower (cpu_quant.c, split_alloc).
 int64_t lks__quant_split_len(const lks__quant_kernels *k, lks_qscheme qs, int64_t K);
 void lks__quant_split(const lks__quant_kernels *k, lks_qscheme qs, const float *x, int64_t K,
                       float *xs);
