@@ -410,6 +410,53 @@ START_TEST(test_big_batch) {
 }
 END_TEST
 
+// Decode's product in parts (lks__quant_split once, then lks__quant_mv over any row ranges, as
+// the CPU backend's tasks run it) against lks__quant_matmul_rows on x: bit for bit, for FP8 blocks
+// and NVFP4, rows of 1024 and 352 columns (whole and partial 128-column steps), ranges that start
+// off a grid of 8, and x split 64-byte aligned or 16 bytes off (slower, the same sums).
+START_TEST(test_split_once) {
+  uint64_t rs = 4242;
+  enum { M = 37 };
+  const int64_t Ks[2] = {1024, 352}, cuts[4] = {0, 13, 21, M};
+  for (int lv = 0; lv < TU_N_SIMD_LEVELS; lv++) {
+    const lks__quant_kernels *k = lks__quant_kernels_get(levels[lv]);
+    if (!k) continue;
+    for (int ki = 0; ki < 2; ki++) {
+      const int64_t K = Ks[ki];
+      uint8_t *codes = malloc((size_t)(M * K)), *gs = malloc((size_t)(M * K / 16));
+      float *x = malloc((size_t)K * sizeof *x), bs[(M + 127) / 128 * 8];
+      float whole[M], parts[M];
+      for (int64_t i = 0; i < M * K; i++) codes[i] = rand_e4m3(&rs);
+      for (int64_t i = 0; i < M * K / 16; i++) gs[i] = (uint8_t)(rand_e4m3(&rs) & 0x7f);
+      for (int64_t i = 0; i < K; i++) x[i] = tu_randf(&rs);
+      for (int b = 0; b < 8; b++) bs[b] = (float)(0.001 + 0.01 * tu_randf(&rs));
+      lks__qweight fp8 = {.qs = LKS_Q_FP8_BLOCK, .codes = codes, .ld = K, .scales = bs,
+                          .sld = (K + 127) / 128, .global = 1.0f, .rows = M, .cols = K};
+      lks__qweight nv = {.qs = LKS_Q_NVFP4, .codes = codes, .ld = K / 2, .scales = gs,
+                         .sld = K / 16, .global = 0.37f, .rows = M, .cols = K};
+      const lks__qweight *ws[2] = {&fp8, &nv};
+      for (int f = 0; f < 2; f++) {
+        const int64_t sl = lks__quant_split_len(k, ws[f]->qs, K);
+        if (sl == 0) continue;  // no grid for the format here: decode splits nothing
+        float *buf = aligned_alloc(64, (size_t)(sl + 16 + 15) / 16 * 64);
+        lks__quant_matmul_rows(k, ws[f], 0, M, x, K, 1, whole, M);
+        for (int off = 0; off <= 4; off += 4) {
+          lks__quant_split(k, ws[f]->qs, x, K, buf + off);
+          memset(parts, 0xff, sizeof parts);
+          for (int c = 0; c < 3; c++)
+            lks__quant_mv(k, ws[f], cuts[c], cuts[c + 1], buf + off, parts);
+          ck_assert_msg(memcmp(whole, parts, sizeof whole) == 0,
+                        "%s %s K=%lld, x split %d floats off 64 bytes: the parts differ",
+                        levels[lv], f ? "nvfp4" : "fp8", (long long)K, off);
+        }
+        free(buf);
+      }
+      free(codes), free(gs), free(x);
+    }
+  }
+}
+END_TEST
+
 // A random quantized weight [M, K] of scheme qs on backend `be`.
 static lks_tensor make_q(lks_backend *be, lks_qscheme qs, int64_t M, int64_t K, uint64_t *rs,
                          void **keep) {
@@ -513,6 +560,7 @@ int main(void) {
   tcase_add_test(tc, test_grid_kernels);
   tcase_add_test(tc, test_fp8_exponent0);
   tcase_add_test(tc, test_big_batch);
+  tcase_add_test(tc, test_split_once);
   tcase_add_test(tc, test_batch_invariance);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
