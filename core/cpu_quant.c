@@ -99,6 +99,18 @@ static inline __attribute__((always_inline)) void call_rows(const lks__qweight *
     }                                                                           \
   }
 
+// A buffer the caller frees for n split rows of sl floats, row t at t * *stride floats: each
+// row at a multiple of 64 bytes, so that none of the kernels' 64-byte loads of x crosses a cache
+// line. Decode's product with x split 16 bytes off a line, one thread, in cache, medians of 41:
+// NVFP4 1024 x 1024 24.0 -> 15.0 G weights/s, 2976 x 352 17.7 -> 11.5; FP8 blocks 18.9 -> 11.7
+// and 16.9 -> 11.0 (malloc's buffers of this size sit 16 bytes past a page). air-1g prefill of
+// 256, 2 threads, four alternated rounds, medians: NVFP4 210.9 -> 224.4 tokens/s, FP8 blocks
+// 183.6 -> 242.1.
+static float *split_alloc(int64_t n, int64_t sl, int64_t *stride) {
+  *stride = (sl + 15) / 16 * 16;
+  return aligned_alloc(64, (size_t)(n * *stride) * sizeof(float));
+}
+
 // ---- portable ----
 
 // Each row: eight lanes (lane j sums the columns j, j+8, ... of a block), per block, then
@@ -151,18 +163,6 @@ static const lks__quant_kernels q_scalar = {.name = "scalar", .fp8 = fp8_scalar,
 #include <immintrin.h>
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
-
-// A buffer the caller frees for n split rows of sl floats, row t at t * *stride floats: each
-// row at a multiple of 64 bytes, so that none of the kernels' 64-byte loads of x crosses a cache
-// line. Decode's product with x split 16 bytes off a line, one thread, in cache, medians of 41:
-// NVFP4 1024 x 1024 24.0 -> 15.0 G weights/s, 2976 x 352 17.7 -> 11.5; FP8 blocks 18.9 -> 11.7
-// and 16.9 -> 11.0 (malloc's buffers of this size sit 16 bytes past a page). air-1g prefill of
-// 256, 2 threads, four alternated rounds, medians: NVFP4 210.9 -> 224.4 tokens/s, FP8 blocks
-// 183.6 -> 242.1.
-static float *split_alloc(int64_t n, int64_t sl, int64_t *stride) {
-  *stride = (sl + 15) / 16 * 16;
-  return aligned_alloc(64, (size_t)(n * *stride) * sizeof(float));
-}
 
 // The kernels on x as it is (tests, kernel_bench): x's nx rows split here into a buffer the
 // caller frees, xs[t] pointing at row t (NULL without the memory: a few pages, unreachable in
