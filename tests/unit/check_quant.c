@@ -372,6 +372,19 @@ START_TEST(test_fp8_exponent0) {
 }
 END_TEST
 
+// Random FP8-block and NVFP4 weights [M, K] over the same bytes: codes (M * K), NVFP4 group
+// scales gs (M * K / 16) and FP8 block scales bs ((K + 127) / 128: M < 128, one block row).
+static void random_qweights(uint64_t *rs, int64_t M, int64_t K, uint8_t *codes, uint8_t *gs,
+                            float *bs, lks__qweight *fp8, lks__qweight *nv) {
+  for (int64_t i = 0; i < M * K; i++) codes[i] = rand_e4m3(rs);
+  for (int64_t i = 0; i < M * K / 16; i++) gs[i] = (uint8_t)(rand_e4m3(rs) & 0x7f);
+  for (int64_t b = 0; b < (K + 127) / 128; b++) bs[b] = (float)(0.001 + 0.01 * tu_randf(rs));
+  *fp8 = (lks__qweight){.qs = LKS_Q_FP8_BLOCK, .codes = codes, .ld = K, .scales = bs,
+                        .sld = (K + 127) / 128, .global = 1.0f, .rows = M, .cols = K};
+  *nv = (lks__qweight){.qs = LKS_Q_NVFP4, .codes = codes, .ld = K / 2, .scales = gs,
+                       .sld = K / 16, .global = 0.37f, .rows = M, .cols = K};
+}
+
 // Products over more activation rows than are split at once (n * split row over 8 MB: split by
 // groups instead), FP8 blocks and NVFP4: every row bit for bit what it gives alone. Alone is
 // decode's path (lks__qmv_fn where the level has one): 13 weight rows, a grid of 8 and one of 5.
@@ -387,14 +400,9 @@ START_TEST(test_big_batch) {
     uint8_t *codes = malloc((size_t)(M * K)), gs[M * K / 16];
     float *x = malloc((size_t)(N * K) * sizeof *x), bs[(16000 + 127) / 128];  // M < 128: one row
     float *batch = malloc((size_t)(N * M) * sizeof *batch), alone[M];
-    for (int64_t i = 0; i < M * K; i++) codes[i] = rand_e4m3(&rs);
-    for (int64_t i = 0; i < M * K / 16; i++) gs[i] = (uint8_t)(rand_e4m3(&rs) & 0x7f);
+    lks__qweight fp8, nv;
+    random_qweights(&rs, M, K, codes, gs, bs, &fp8, &nv);
     for (int64_t i = 0; i < N * K; i++) x[i] = tu_randf(&rs);
-    for (int64_t b = 0; b < (K + 127) / 128; b++) bs[b] = (float)(0.001 + 0.01 * tu_randf(&rs));
-    lks__qweight fp8 = {.qs = LKS_Q_FP8_BLOCK, .codes = codes, .ld = K, .scales = bs,
-                        .sld = (K + 127) / 128, .global = 1.0f, .rows = M, .cols = K};
-    lks__qweight nv = {.qs = LKS_Q_NVFP4, .codes = codes, .ld = K / 2, .scales = gs,
-                       .sld = K / 16, .global = 0.37f, .rows = M, .cols = K};
     const lks__qweight *ws[2] = {&fp8, &nv};
     for (int f = 0; f < 2; f++) {
       lks__quant_matmul_rows(k, ws[f], 0, M, x, K, N, batch, M);
@@ -426,14 +434,9 @@ START_TEST(test_split_once) {
       uint8_t *codes = malloc((size_t)(M * K)), *gs = malloc((size_t)(M * K / 16));
       float *x = malloc((size_t)K * sizeof *x), bs[(M + 127) / 128 * 8];
       float whole[M], parts[M];
-      for (int64_t i = 0; i < M * K; i++) codes[i] = rand_e4m3(&rs);
-      for (int64_t i = 0; i < M * K / 16; i++) gs[i] = (uint8_t)(rand_e4m3(&rs) & 0x7f);
+      lks__qweight fp8, nv;
+      random_qweights(&rs, M, K, codes, gs, bs, &fp8, &nv);
       for (int64_t i = 0; i < K; i++) x[i] = tu_randf(&rs);
-      for (int b = 0; b < 8; b++) bs[b] = (float)(0.001 + 0.01 * tu_randf(&rs));
-      lks__qweight fp8 = {.qs = LKS_Q_FP8_BLOCK, .codes = codes, .ld = K, .scales = bs,
-                          .sld = (K + 127) / 128, .global = 1.0f, .rows = M, .cols = K};
-      lks__qweight nv = {.qs = LKS_Q_NVFP4, .codes = codes, .ld = K / 2, .scales = gs,
-                         .sld = K / 16, .global = 0.37f, .rows = M, .cols = K};
       const lks__qweight *ws[2] = {&fp8, &nv};
       for (int f = 0; f < 2; f++) {
         const int64_t sl = lks__quant_split_len(k, ws[f]->qs, K);
