@@ -181,6 +181,13 @@ int lks_backend_experts(lks_backend *be, lks_tensor out, lks_tensor x,
   return 0;
 }
 
+int lks_backend_matmuls(lks_backend *be, lks_tensor x, const lks_matmul_part *parts, int n) {
+  if (be->ops->matmuls) return be->ops->matmuls(be, x, parts, n);
+  for (int i = 0; i < n; i++)
+    LKS_TRY(be->ops->matmul(be, parts[i].out, x, parts[i].w, parts[i].bias, false));
+  return 0;
+}
+
 int lks_backend_host_threads(lks_backend *be) {
   return be->ops->host_run && be->ops->host_threads ? be->ops->host_threads(be) : 1;
 }

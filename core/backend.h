@@ -104,6 +104,12 @@ typedef struct lks_mla_dims {
   float scale;   // softmax scale, 1/sqrt(nope + rope)
 } lks_mla_dims;
 
+// One product of the matmuls op: out = x W^T + bias (bias.buf NULL: none).
+typedef struct lks_matmul_part {
+  lks_tensor out, w, bias;
+} lks_matmul_part;
+enum { LKS_MATMULS_MAX = 4 };  // products a matmuls call takes at most
+
 // One expert of a MoE layer for the experts op: its weights and the rows it runs on.
 typedef struct lks_expert_call {
   lks_tensor gate, up, down;  // [I, H], [I, H], [H, I]
@@ -151,6 +157,11 @@ typedef struct lks_backend_ops {
   // Row i of out depends only on row i of x: never on how many rows the batch has.
   int (*matmul)(lks_backend *be, lks_tensor out, lks_tensor x, lks_tensor w, lks_tensor bias,
                 bool accumulate);
+  // Optional (NULL: matmul once per part, in order; lks_backend_matmuls applies it): the
+  // products of parts[0 .. n) on one x (1 <= n <= LKS_MATMULS_MAX, none accumulating), each
+  // with the bits its matmul call gives; a backend runs them together (the CPU as one parallel
+  // job: GQA's q, k and v, MLA's projections of h).
+  int (*matmuls)(lks_backend *be, lks_tensor x, const lks_matmul_part *parts, int n);
   // Rotates the first rot_dims of every head_dim-sized head of x [n, heads * head_dim] in place.
   int (*rope)(lks_backend *be, lks_tensor x, int head_dim, int rot_dims, float theta,
               lks_rope_layout layout, const int32_t *pos);
@@ -278,6 +289,9 @@ int lks_attn_rows_check(const lks_kv_layer *kv, const lks_attn_rows *rows);
 // The experts op, or its default: ops->expert once per call, in order.
 int lks_backend_experts(lks_backend *be, lks_tensor out, lks_tensor x,
                         const lks_expert_call *calls, int n_calls);
+
+// The matmuls op, or its default: ops->matmul once per part, in order.
+int lks_backend_matmuls(lks_backend *be, lks_tensor x, const lks_matmul_part *parts, int n);
 
 // The host threads lks_backend_host_run spreads tasks over (1 without host_run), and the run.
 int lks_backend_host_threads(lks_backend *be);

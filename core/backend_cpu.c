@@ -371,20 +371,14 @@ static void mm_tile(const cpu_backend *c, lks_tensor w, int64_t r0, int64_t r1, 
 // products' loads of x that crossed a line ran 35-50 % slower: cpu_quant.c, split_alloc).
 static float *align64(float *p) { return (float *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
 
-// Decode's activation row split once for all the tasks of a product of w (lks__quant_split),
-// into buf: *xs, or NULL where nothing is split (not one row, not quantized, or a level without
-// the format's grid), and then each task's product splits x itself. Once a job, not once a task:
-// air-1g NVFP4 decode at 2 threads split its rows about 1,400 times a token, 1.3 % of its time.
-static int split_x(cpu_backend *c, lks_tensor w, const float *x, int64_t n, int64_t K,
-                   scratch *buf, const float **xs) {
-  *xs = NULL;
+// Floats of decode's activation row split for w (lks__quant_split), rounded up to 64 bytes, or
+// 0 where nothing is split (not one row, not quantized, or a level without the format's grid;
+// each task's product then splits x itself). A job splits x once for all its tasks of w's
+// format: air-1g NVFP4 decode at 2 threads split its rows about 1,400 times a token when each
+// task split it, 1.3 % of its time.
+static int64_t split_len(const cpu_backend *c, lks_tensor w, int64_t n, int64_t K) {
   int64_t sl = n == 1 && w.qs != LKS_Q_NONE ? lks__quant_split_len(c->qk, w.qs, K) : 0;
-  if (sl <= 0) return 0;
-  LKS_TRY(grow(buf, (size_t)sl + 16));
-  float *p = align64(buf->p);
-  lks__quant_split(c->qk, w.qs, x, K, p);
-  *xs = p;
-  return 0;
+  return sl > 0 ? (sl + 15) / 16 * 16 : 0;
 }
 
 // Output rows of the weight per task: about 8 tasks per thread balance uneven progress; at
@@ -401,63 +395,117 @@ static int grow_mm_scratch(cpu_backend *c, int64_t rows, int64_t n, int64_t K) {
   return grow_thread_scratch(c, (size_t)(rows * n) + aux_floats(c, K));
 }
 
+// One product of a job: tasks [task0, task0 + its tasks) of `per` weight rows each.
 typedef struct {
-  cpu_backend *c;
-  const float *x;   // [n, K], row stride ldx
-  const float *xs;  // x split for w (split_x), or NULL
-  int64_t ldx, n;
   lks_tensor w;
   lks_tensor bias;  // [1, M] (buf NULL: none), converted to f32 by each task for its rows
   float *out;       // [n, M], row stride ldo
   int64_t ldo;
+  const float *xs;  // x split for w (split_x), or NULL
+  int task0;
+} mm_part;
+
+// Products of one x in one job (cpu_matmul: one; cpu_matmuls: q, k and v, ...), every task
+// `per` rows of one part's weight.
+typedef struct {
+  cpu_backend *c;
+  const float *x;  // [n, K], row stride ldx
+  int64_t ldx, n;
   bool accumulate;
   int64_t per;  // weight rows per task
+  int n_parts;
+  mm_part part[LKS_MATMULS_MAX + 1];  // part[n_parts].task0: the job's tasks
 } mm_job;
+
+// The part of task `task` and the rows [*r0, *r1) of its weight.
+static const mm_part *mm_rows(const mm_job *j, int task, int64_t *r0, int64_t *r1) {
+  int p = 0;
+  while (task >= j->part[p + 1].task0) p++;
+  const mm_part *mp = &j->part[p];
+  *r0 = (int64_t)(task - mp->task0) * j->per;
+  *r1 = *r0 + j->per < mp->w.rows ? *r0 + j->per : mp->w.rows;
+  return mp;
+}
 
 static void mm_task(void *ctx, int task, int thread) {
   mm_job *j = ctx;
-  int64_t r0 = (int64_t)task * j->per, r1 = r0 + j->per < j->w.rows ? r0 + j->per : j->w.rows;
+  int64_t r0, r1, n0 = 0, n1 = 0;
+  const mm_part *mp = mm_rows(j, task, &r0, &r1), *np = NULL;
   int64_t m = r1 - r0;
   float *tile = j->c->thread_scratch[thread].p, *wide = tile + j->per * j->n;
   // The thread's next task, unless another thread takes it: thread t's share of a job's tasks
   // is t, t + n_threads, ... (threadpool.c).
-  int64_t n0 = r1 + (j->c->n_threads - 1) * j->per;
-  int64_t n1 = n0 + j->per < j->w.rows ? n0 + j->per : j->w.rows;
-  mm_tile(j->c, j->w, r0, r1, j->x, j->xs, j->ldx, j->n, tile, m, wide, &j->w, n0, n1);
+  int next = task + j->c->n_threads;
+  if (next < j->part[j->n_parts].task0) np = mm_rows(j, next, &n0, &n1);
+  mm_tile(j->c, mp->w, r0, r1, j->x, mp->xs, j->ldx, j->n, tile, m, wide, np ? &np->w : NULL, n0,
+          n1);
   float b[256];
   for (int64_t a = 0; a < m; a += 256) {  // the bias in runs of 256 rows
     const int64_t e = m - a < 256 ? m - a : 256;
-    if (j->bias.buf) load_f32(j->bias, 0, r0 + a, r0 + a + e, b);
+    if (mp->bias.buf) load_f32(mp->bias, 0, r0 + a, r0 + a + e, b);
     else memset(b, 0, sizeof b);
     for (int64_t t = 0; t < j->n; t++) {
-      float *o = j->out + t * j->ldo + r0 + a;
+      float *o = mp->out + t * mp->ldo + r0 + a;
       const float *d = tile + t * m + a;
       for (int64_t r = 0; r < e; r++) o[r] = j->accumulate ? o[r] + d[r] + b[r] : d[r] + b[r];
     }
   }
 }
 
+// The job of parts[0 .. n) on x: tasks of one size over all the parts' rows (rows_per_task of
+// their sum), x split once for each format (split_x into work[2]; parts of one format share it).
+static int mm_run(cpu_backend *c, lks_tensor x, const lks_matmul_part *parts, int n,
+                  bool accumulate) {
+  mm_job j = {.c = c, .x = ptr(x), .ldx = x.ld, .n = x.rows, .accumulate = accumulate,
+              .n_parts = n};
+  int64_t total = 0, sl = 0;
+  for (int p = 0; p < n; p++) {
+    const lks_matmul_part *q = &parts[p];
+    LKS_TRY(lks_matmul_check(q->out, x, q->w));
+    if (q->bias.buf && q->bias.cols < q->w.rows)
+      return lks_set_error(LKS_ESHAPE, "matmul: bias of %lld for %lld rows",
+                           (long long)q->bias.cols, (long long)q->w.rows);
+    total += q->w.rows;
+    sl += split_len(c, q->w, x.rows, x.cols);
+  }
+  j.per = rows_per_task(c, total);
+  LKS_TRY(grow_mm_scratch(c, j.per, j.n, x.cols));
+  float *sp = NULL;
+  if (sl > 0) {
+    LKS_TRY(grow(&c->work[2], (size_t)sl + 16));
+    sp = align64(c->work[2].p);
+  }
+  for (int p = 0; p < n; p++) {
+    mm_part *mp = &j.part[p];
+    *mp = (mm_part){.w = parts[p].w, .bias = parts[p].bias, .out = ptr(parts[p].out),
+                    .ldo = parts[p].out.ld,
+                    .task0 = p ? j.part[p - 1].task0 +
+                                     (int)((j.part[p - 1].w.rows + j.per - 1) / j.per)
+                               : 0};
+    int64_t l = split_len(c, mp->w, j.n, x.cols);
+    for (int e = 0; e < p && l; e++)
+      if (j.part[e].xs && j.part[e].w.qs == mp->w.qs) mp->xs = j.part[e].xs;
+    if (l && !mp->xs) {
+      lks__quant_split(c->qk, mp->w.qs, j.x, x.cols, sp);
+      mp->xs = sp;
+      sp += l;
+    }
+  }
+  j.part[n].task0 = j.part[n - 1].task0 + (int)((j.part[n - 1].w.rows + j.per - 1) / j.per);
+  lks_pool_run(c->pool, j.part[n].task0, mm_task, &j);
+  return 0;
+}
+
 static int cpu_matmul(lks_backend *be, lks_tensor out, lks_tensor x, lks_tensor w, lks_tensor bias,
                       bool accumulate) {
-  cpu_backend *c = (cpu_backend *)be;
-  LKS_TRY(lks_matmul_check(out, x, w));
-  if (bias.buf && bias.cols < w.rows)
-    return lks_set_error(LKS_ESHAPE, "matmul: bias of %lld for %lld rows", (long long)bias.cols,
-                         (long long)w.rows);
-  mm_job j = {.c = c,
-              .x = ptr(x),
-              .ldx = x.ld,
-              .n = x.rows,
-              .w = w,
-              .bias = bias,
-              .out = ptr(out),
-              .ldo = out.ld,
-              .accumulate = accumulate};
-  j.per = rows_per_task(c, w.rows);
-  LKS_TRY(grow_mm_scratch(c, j.per, j.n, x.cols));
-  LKS_TRY(split_x(c, w, j.x, j.n, x.cols, &c->work[2], &j.xs));
-  lks_pool_run(c->pool, (int)((w.rows + j.per - 1) / j.per), mm_task, &j);
-  return 0;
+  lks_matmul_part one = {out, w, bias};
+  return mm_run((cpu_backend *)be, x, &one, 1, accumulate);
+}
+
+static int cpu_matmuls(lks_backend *be, lks_tensor x, const lks_matmul_part *parts, int n) {
+  if (n < 1 || n > LKS_MATMULS_MAX)
+    return lks_set_error(LKS_EINVAL, "matmuls: %d products (1 to %d)", n, LKS_MATMULS_MAX);
+  return mm_run((cpu_backend *)be, x, parts, n, false);
 }
 
 // ---- attention ----
@@ -922,6 +970,7 @@ static const lks_backend_ops cpu_ops = {
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .matmul = cpu_matmul,
+    .matmuls = cpu_matmuls,
     .rope = cpu_rope,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,

@@ -185,9 +185,12 @@ int lks__mla_forward(lks__mla *a, int l, lks_tensor x, lks_tensor h, const lks_k
   lks_tensor none = {0};
   const int32_t *pos = rows->pos;
 
-  // Query: c_q = RMSNorm(q_a h); q = q_b c_q; RoPE on each head's last qk_rope dims.
+  // Query: c_q = RMSNorm(q_a h); q = q_b c_q; RoPE on each head's last qk_rope dims. The
+  // latent's kv_a h (below) in the same call as q_a h.
   lks_tensor cq = act(a->cq, n, k->q_lora), q = act(a->q, n, nh * qh);
-  LKS_TRY(o->matmul(be, cq, h, L->q_a, none, false));
+  lks_tensor ckv = act(a->ckv, n, R + dr);
+  const lks_matmul_part proj[2] = {{cq, L->q_a, none}, {ckv, L->kv_a, none}};
+  LKS_TRY(lks_backend_matmuls(be, h, proj, 2));
   LKS_TRY(o->rmsnorm(be, cq, cq, L->q_a_norm, eps));
   LKS_TRY(o->matmul(be, q, cq, L->q_b, none, false));
   for (int i = 0; i < n; i++)
@@ -198,8 +201,6 @@ int lks__mla_forward(lks__mla *a, int l, lks_tensor x, lks_tensor h, const lks_k
   LKS_TRY(o->rope(be, q_pe, dr, dr, c->rope_theta, rl, a->pos_h));
 
   // Latent: [c | kpe] = kv_a h; c = RMSNorm(c); RoPE on kpe; cached.
-  lks_tensor ckv = act(a->ckv, n, R + dr);
-  LKS_TRY(o->matmul(be, ckv, h, L->kv_a, none, false));
   lks_tensor cpart = lks_tensor_cols(ckv, 0, R), kpe = lks_tensor_cols(ckv, R, dr);
   LKS_TRY(o->rmsnorm(be, cpart, cpart, L->kv_a_norm, eps));
   LKS_TRY(o->rope(be, kpe, dr, dr, c->rope_theta, rl, pos));

@@ -790,9 +790,8 @@ static int gqa_attention(lks_model *m, const layer_w *L, lks_tensor x, lks_tenso
   int qd = nh * c->head_dim, kvd = nkv * c->head_dim;
   lks_tensor q = act(m->a.q, n, qd), k = act(m->a.k, n, kvd), v = act(m->a.v, n, kvd);
   lks_tensor att = act(m->a.att, n, qd);
-  LKS_TRY(be->ops->matmul(be, q, h, L->wq, L->bq, false));
-  LKS_TRY(be->ops->matmul(be, k, h, L->wk, L->bk, false));
-  LKS_TRY(be->ops->matmul(be, v, h, L->wv, L->bv, false));
+  const lks_matmul_part qkv[3] = {{q, L->wq, L->bq}, {k, L->wk, L->bk}, {v, L->wv, L->bv}};
+  LKS_TRY(lks_backend_matmuls(be, h, qkv, 3));
   if (c->qk_norm) {
     lks_tensor qh = lks_tensor_reshape(q, (int64_t)n * nh, c->head_dim);
     lks_tensor kh = lks_tensor_reshape(k, (int64_t)n * nkv, c->head_dim);
@@ -821,8 +820,8 @@ static int gqa_kv_rows(lks_model *m, const layer_w *L, const lks_kv_layer *kv,
   lks_tensor x = act(m->a.x, n, c->hidden), h = act(m->a.h, n, c->hidden);
   lks_tensor k = act(m->a.k, n, kvd), v = act(m->a.v, n, kvd);
   LKS_TRY(be->ops->rmsnorm(be, h, x, L->ln1, c->eps));
-  LKS_TRY(be->ops->matmul(be, k, h, L->wk, L->bk, false));
-  LKS_TRY(be->ops->matmul(be, v, h, L->wv, L->bv, false));
+  const lks_matmul_part kv2[2] = {{k, L->wk, L->bk}, {v, L->wv, L->bv}};
+  LKS_TRY(lks_backend_matmuls(be, h, kv2, 2));
   if (c->qk_norm) {
     lks_tensor kh = lks_tensor_reshape(k, (int64_t)n * m->sh.n_kv, c->head_dim);
     LKS_TRY(be->ops->rmsnorm(be, kh, kh, L->k_norm, c->eps));

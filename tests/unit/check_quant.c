@@ -550,6 +550,76 @@ START_TEST(test_batch_invariance) {
 }
 END_TEST
 
+// The matmuls op (products of one x in one job: GQA's q, k and v) against a matmul call per
+// product: bitwise, on each level, for one activation row (decode: x split once per format, the
+// parts of one format sharing it) and for three. The parts mix NVFP4, FP8 blocks and F32 weights
+// of 200, 72, 40 and 24 rows, one with a bias, so that a part reading another format's split x,
+// or a task's rows counted from the wrong part, changes the bits.
+START_TEST(test_matmuls) {
+  const int64_t K = 1024, Ms[4] = {200, 72, 40, 24};
+  for (int lv = 0; lv < TU_N_SIMD_LEVELS; lv++) {
+    if (!lks__quant_kernels_get(levels[lv])) continue;
+    setenv("LKS_SIMD", levels[lv], 1);
+    lks_backend *be = lks_backend_new("cpu", 2);
+    uint64_t rs = 4242 + (uint64_t)lv;
+    void *keep[3];
+    lks_matmul_part parts[4];
+    parts[0].w = make_q(be, LKS_Q_NVFP4, Ms[0], K, &rs, &keep[0]);
+    parts[1].w = make_q(be, LKS_Q_FP8_BLOCK, Ms[1], K, &rs, &keep[1]);
+    parts[2].w = make_q(be, LKS_Q_NVFP4, Ms[2], K, &rs, &keep[2]);
+    float *wf = malloc((size_t)(Ms[3] * K) * 4), *bias = malloc((size_t)Ms[1] * 4);
+    for (int64_t i = 0; i < Ms[3] * K; i++) wf[i] = tu_randf(&rs);
+    for (int64_t i = 0; i < Ms[1]; i++) bias[i] = tu_randf(&rs);
+    parts[3].w = lks_tensor_2d(be->ops->buf_wrap_host(be, wf, (size_t)(Ms[3] * K) * 4), 0,
+                               LKS_F32, Ms[3], K);
+    lks_tensor bt = lks_tensor_2d(be->ops->buf_wrap_host(be, bias, (size_t)Ms[1] * 4), 0,
+                                  LKS_F32, 1, Ms[1]);
+    const int N = 3;
+    float *xh = malloc((size_t)(N * K) * 4);
+    for (int64_t i = 0; i < N * K; i++) xh[i] = tu_randf(&rs);
+    lks_buf *xb = be->ops->buf_wrap_host(be, xh, (size_t)(N * K) * 4);
+    lks_buf *ob[4], *sb[4];
+    for (int p = 0; p < 4; p++) {
+      ob[p] = be->ops->buf_alloc(be, (size_t)(N * Ms[p]) * 4);
+      sb[p] = be->ops->buf_alloc(be, (size_t)(N * Ms[p]) * 4);
+      parts[p].bias = p == 1 ? bt : (lks_tensor){0};
+    }
+    for (int n = 1; n <= N; n += N - 1) {
+      lks_tensor x = lks_tensor_2d(xb, 0, LKS_F32, n, K);
+      for (int p = 0; p < 4; p++) {
+        parts[p].out = lks_tensor_2d(ob[p], 0, LKS_F32, n, Ms[p]);
+        lks_tensor want = lks_tensor_2d(sb[p], 0, LKS_F32, n, Ms[p]);
+        ck_assert_int_eq(be->ops->matmul(be, want, x, parts[p].w, parts[p].bias, false), 0);
+      }
+      ck_assert_int_eq(lks_backend_matmuls(be, x, parts, 4), 0);
+      for (int p = 0; p < 4; p++) {
+        size_t bytes = (size_t)(n * Ms[p]) * 4;
+        float *got = malloc(bytes), *want = malloc(bytes);
+        be->ops->to_host(be, got, ob[p], 0, bytes);
+        be->ops->to_host(be, want, sb[p], 0, bytes);
+        ck_assert_msg(memcmp(got, want, bytes) == 0,
+                      "%s, %d rows: part %d of matmuls differs from its matmul", levels[lv], n, p);
+        free(got), free(want);
+      }
+    }
+    lks_tensor x1 = lks_tensor_2d(xb, 0, LKS_F32, 1, K);
+    ck_assert_int_eq(be->ops->matmuls(be, x1, parts, 0), LKS_EINVAL);
+    ck_assert_int_eq(be->ops->matmuls(be, x1, parts, LKS_MATMULS_MAX + 1), LKS_EINVAL);
+    for (int p = 0; p < 4; p++) {
+      be->ops->buf_free(be, ob[p]);
+      be->ops->buf_free(be, sb[p]);
+      be->ops->buf_free(be, parts[p].w.buf);
+      if (p < 3) be->ops->buf_free(be, parts[p].w.sbuf), free(keep[p]);
+    }
+    be->ops->buf_free(be, bt.buf);
+    be->ops->buf_free(be, xb);
+    free(wf), free(bias), free(xh);
+    lks_backend_free(be);
+  }
+  unsetenv("LKS_SIMD");
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("quant");
   TCase *tc = tcase_create("loader");
@@ -565,6 +635,7 @@ int main(void) {
   tcase_add_test(tc, test_big_batch);
   tcase_add_test(tc, test_split_once);
   tcase_add_test(tc, test_batch_invariance);
+  tcase_add_test(tc, test_matmuls);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
