@@ -298,8 +298,8 @@ static size_t aux_floats(const cpu_backend *c, int64_t K) {
 // tile[t * ldt + (r - r0)] = dot(w row r, x row t) for r in [r0, r1), t < n: the kernels for
 // F32 and BF16, F16 through a widened copy. `wide` holds aux_floats(c, K) floats. Each element is
 // summed in the kernel level's one order, whatever r0, r1 and n (batch invariance).
-// xs (NULL: none): decode's x already split for w's format (split_x), which a quantized w's
-// product reads in place of splitting x itself.
+// xs (NULL: none): decode's x already split for w's format (lks__quant_split), which a
+// quantized w's product reads in place of splitting x itself.
 // next (NULL: not known): the weight whose rows [nr0, nr1) the thread reads next, a hint that
 // decode uses to fetch them ahead (quantized: lks__qweight.next; BF16 and F32 where the level
 // streams rows one at a time: lks__mv_fn's after).
@@ -401,7 +401,7 @@ typedef struct {
   lks_tensor bias;  // [1, M] (buf NULL: none), converted to f32 by each task for its rows
   float *out;       // [n, M], row stride ldo
   int64_t ldo;
-  const float *xs;  // x split for w (split_x), or NULL
+  const float *xs;  // x split for w (lks__quant_split), or NULL
   int task0;
 } mm_part;
 
@@ -453,7 +453,7 @@ static void mm_task(void *ctx, int task, int thread) {
 }
 
 // The job of parts[0 .. n) on x: tasks of one size over all the parts' rows (rows_per_task of
-// their sum), x split once for each format (split_x into work[2]; parts of one format share it).
+// their sum), x split once for each format (into work[2]; parts of one format share it).
 static int mm_run(cpu_backend *c, lks_tensor x, const lks_matmul_part *parts, int n,
                   bool accumulate) {
   mm_job j = {.c = c, .x = ptr(x), .ldx = x.ld, .n = x.rows, .accumulate = accumulate,
@@ -716,7 +716,7 @@ typedef struct {
   const lks_expert_call *calls;
   int n_calls;
   const float **xin;   // [n_calls]: the expert's input rows, contiguous ([n, H])
-  const float **xs;    // [n_calls]: xin split for gate and up (split_x), or NULL
+  const float **xs;    // [n_calls]: xin split for gate and up (lks__quant_split), or NULL
   int64_t *ldx;        // [n_calls]
   float **act;         // [n_calls]: [n, I]
   float **d;           // [n_calls]: [n, H], down's output
@@ -797,8 +797,8 @@ static void experts_down_task(void *ctx, int task, int thread) {
 }
 
 // Decode (one row an expert): each expert's input row (xin[e]) split once for its gate and up
-// products (split_x) where the two have one format, into xs[e] (NULL: not split, each task splits
-// it); one split serves the experts that read the same row of x in the same format.
+// products (lks__quant_split) where the two have one format, into xs[e] (NULL: not split, each
+// task splits it); one split serves the experts that read the same row of x in the same format.
 static int64_t expert_split_len(const cpu_backend *c, const lks_expert_call *ec, int64_t max_n,
                                 int64_t H) {
   bool one = max_n == 1 && ec->n == 1 && ec->gate.qs == ec->up.qs;
