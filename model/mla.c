@@ -186,11 +186,19 @@ int lks__mla_forward(lks__mla *a, int l, lks_tensor x, lks_tensor h, const lks_k
   const int32_t *pos = rows->pos;
 
   // Query: c_q = RMSNorm(q_a h); q = q_b c_q; RoPE on each head's last qk_rope dims. The
-  // latent's kv_a h (below) in the same call as q_a h.
+  // products of h in one call: q_a, the latent's kv_a and, in a full layer, the indexer's ik and
+  // iw (used below).
+  int nI = k->index_heads, dI = k->index_dim;
   lks_tensor cq = act(a->cq, n, k->q_lora), q = act(a->q, n, nh * qh);
-  lks_tensor ckv = act(a->ckv, n, R + dr);
-  const lks_matmul_part proj[2] = {{cq, L->q_a, none}, {ckv, L->kv_a, none}};
-  LKS_TRY(lks_backend_matmuls(be, h, proj, 2));
+  lks_tensor ckv = act(a->ckv, n, R + dr), ik = {0}, iw = {0};
+  lks_matmul_part proj[LKS_MATMULS_MAX] = {{cq, L->q_a, none}, {ckv, L->kv_a, none}};
+  int n_proj = 2;
+  if (L->full) {
+    ik = act(a->ik, n, dI), iw = act(a->iw, n, nI);
+    proj[n_proj++] = (lks_matmul_part){ik, L->ik, none};
+    proj[n_proj++] = (lks_matmul_part){iw, L->iw, none};
+  }
+  LKS_TRY(lks_backend_matmuls(be, h, proj, n_proj));
   LKS_TRY(o->rmsnorm(be, cq, cq, L->q_a_norm, eps));
   LKS_TRY(o->matmul(be, q, cq, L->q_b, none, false));
   for (int i = 0; i < n; i++)
@@ -208,16 +216,13 @@ int lks__mla_forward(lks__mla *a, int l, lks_tensor x, lks_tensor h, const lks_k
 
   // The indexer, or the previous full layer's selection.
   int topk = k->index_topk;
-  if (L->full) {
-    int nI = k->index_heads, dI = k->index_dim;
-    lks_tensor iq = act(a->iq, n, nI * dI), ik = act(a->ik, n, dI), iw = act(a->iw, n, nI);
+  if (L->full) {  // ik = ik_proj h and iw = weights_proj h above
+    lks_tensor iq = act(a->iq, n, nI * dI);
     LKS_TRY(o->matmul(be, iq, cq, L->iq, none, false));
     LKS_TRY(o->rope(be, iq, dI, dr, c->rope_theta, il, pos));
-    LKS_TRY(o->matmul(be, ik, h, L->ik, none, false));
     LKS_TRY(o->layernorm(be, ik, ik, L->ik_w, L->ik_b, eps));
     LKS_TRY(o->rope(be, ik, dI, dr, c->rope_theta, il, pos));
     LKS_TRY(o->cache_store(be, ikeys, ik, rows));
-    LKS_TRY(o->matmul(be, iw, h, L->iw, none, false));
     LKS_TRY(o->dsa_select(be, iq, iw, ikeys, rows, nI, 1.0f / sqrtf((float)dI),
                           1.0f / sqrtf((float)nI), topk, a->sel, a->n_sel));
     a->sel_rows = n;
