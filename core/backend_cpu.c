@@ -475,13 +475,12 @@ static int mm_run(cpu_backend *c, lks_tensor x, const lks_matmul_part *parts, in
     LKS_TRY(grow(&c->work[2], (size_t)sl + 16));
     sp = align64(c->work[2].p);
   }
+  int tasks = 0;
   for (int p = 0; p < n; p++) {
     mm_part *mp = &j.part[p];
     *mp = (mm_part){.w = parts[p].w, .bias = parts[p].bias, .out = ptr(parts[p].out),
-                    .ldo = parts[p].out.ld,
-                    .task0 = p ? j.part[p - 1].task0 +
-                                     (int)((j.part[p - 1].w.rows + j.per - 1) / j.per)
-                               : 0};
+                    .ldo = parts[p].out.ld, .task0 = tasks};
+    tasks += (int)((mp->w.rows + j.per - 1) / j.per);
     int64_t l = split_len(c, mp->w, j.n, x.cols);
     for (int e = 0; e < p && l; e++)
       if (j.part[e].xs && j.part[e].w.qs == mp->w.qs) mp->xs = j.part[e].xs;
@@ -491,8 +490,8 @@ static int mm_run(cpu_backend *c, lks_tensor x, const lks_matmul_part *parts, in
       sp += l;
     }
   }
-  j.part[n].task0 = j.part[n - 1].task0 + (int)((j.part[n - 1].w.rows + j.per - 1) / j.per);
-  lks_pool_run(c->pool, j.part[n].task0, mm_task, &j);
+  j.part[n].task0 = tasks;
+  lks_pool_run(c->pool, tasks, mm_task, &j);
   return 0;
 }
 
@@ -802,8 +801,7 @@ static void experts_down_task(void *ctx, int task, int thread) {
 static int64_t expert_split_len(const cpu_backend *c, const lks_expert_call *ec, int64_t max_n,
                                 int64_t H) {
   bool one = max_n == 1 && ec->n == 1 && ec->gate.qs == ec->up.qs;
-  int64_t sl = one ? lks__quant_split_len(c->qk, ec->gate.qs, H) : 0;
-  return sl > 0 ? sl : 0;
+  return one ? split_len(c, ec->gate, 1, H) : 0;
 }
 
 static int split_inputs(cpu_backend *c, const lks_expert_call *calls, int n_calls, int64_t max_n,
@@ -814,7 +812,7 @@ static int split_inputs(cpu_backend *c, const lks_expert_call *calls, int n_call
     total += (size_t)expert_split_len(c, &calls[e], max_n, H);
   }
   if (total == 0) return 0;
-  LKS_TRY(grow(&c->work[2], total + 16 * (size_t)n_calls));  // + the rounding up of each
+  LKS_TRY(grow(&c->work[2], total + 16));  // each split a multiple of 64 bytes (split_len)
   float *p = align64(c->work[2].p);
   for (int e = 0, prev = -1; e < n_calls; e++) {
     const lks_expert_call *ec = &calls[e], *pc = prev >= 0 ? &calls[prev] : NULL;
@@ -826,7 +824,7 @@ static int split_inputs(cpu_backend *c, const lks_expert_call *calls, int n_call
     } else {
       lks__quant_split(c->qk, ec->gate.qs, xin[e], H, p);
       xs[e] = p;
-      p = align64(p + sl);
+      p += sl;
     }
     prev = e;
   }
